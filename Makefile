@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the suite).
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PORUN  := $(VENV)/bin/poprun
+
+.PHONY: setup demo test test-unit test-launch test-parallel lint bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(PORUN) --num-instances 2 --num-replicas 4 $(PY) examples/train_digits.py
+
+test: setup
+	@bash scripts/test.sh
+
+test-unit: setup
+	$(PY) -m pytest tests/unit -q
+
+test-launch: setup
+	$(PY) -m pytest tests/launch -q
+
+test-parallel: setup
+	$(PY) -m pytest tests/parallel -q
+
+lint: setup
+	$(VENV)/bin/ruff check poprun popdist popdist_torch tests examples benchmarks
+	$(VENV)/bin/ruff format --check poprun popdist popdist_torch
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info

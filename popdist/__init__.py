@@ -1,0 +1,1 @@
+"""popdist: the PopDist API."""

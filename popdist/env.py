@@ -1,0 +1,243 @@
+"""The environment contract between ``poprun`` and the processes it launches.
+
+This module is the single source of truth for every variable ``poprun`` exports to an
+instance. ``poprun`` builds the values with :func:`instance_environment`; ``popdist``
+reads them back with :func:`read_run`. Nothing else in the project spells these names.
+
+=========================================  ====================================================
+variable                                   value
+=========================================  ====================================================
+``POPDIST_NUM_TOTAL_REPLICAS``             ``--num-replicas``: replicas over all instances
+``POPDIST_NUM_IPUS_PER_REPLICA``           ``--ipus-per-replica``: devices of one replica
+``POPDIST_NUM_LOCAL_REPLICAS``             replicas of this instance (replicas / instances)
+``POPDIST_UNIFORM_REPLICAS_PER_INSTANCE``  ``1``: every instance has the same local replicas
+``POPDIST_REPLICA_INDEX_OFFSET``           global index of this instance's first replica
+``POPDIST_LOCAL_INSTANCE_INDEX``           index of this instance among those on its host
+``POPDIST_NUM_INSTANCES``                  ``--num-instances`` (added here; derivable too)
+``POPDIST_INSTANCE_INDEX``                 this instance's index (added; derivable too)
+``POPDIST_NUM_LOCAL_INSTANCES``            instances on this instance's host (added)
+``POPDIST_HOST``                           the host this instance was placed on (added)
+``POPDIST_OFFLINE_MODE``                   ``1`` with ``--offline-mode``: use no accelerator
+``POPDIST_EXECUTABLE_CACHE_PATH``          ``--executable-cache-path``: compilation cache
+=========================================  ====================================================
+
+The first six are PopRun's own. The *required* set (:data:`REQUIRED`) must be complete or
+absent: a half-set environment is an error naming the missing variable, never a silent
+default. When it is absent, Open MPI's ``OMPI_COMM_WORLD_SIZE``/``OMPI_COMM_WORLD_RANK``/
+``OMPI_COMM_WORLD_LOCAL_RANK`` stand in (one replica per process), and without those the
+run is a single process with one replica.
+
+This module is stdlib-only and cheap to import: ``poprun`` and ``popdist`` both use it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
+NUM_IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
+NUM_LOCAL_REPLICAS = "POPDIST_NUM_LOCAL_REPLICAS"
+UNIFORM_REPLICAS_PER_INSTANCE = "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"
+REPLICA_INDEX_OFFSET = "POPDIST_REPLICA_INDEX_OFFSET"
+LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
+NUM_INSTANCES = "POPDIST_NUM_INSTANCES"
+INSTANCE_INDEX = "POPDIST_INSTANCE_INDEX"
+NUM_LOCAL_INSTANCES = "POPDIST_NUM_LOCAL_INSTANCES"
+HOST = "POPDIST_HOST"
+OFFLINE_MODE = "POPDIST_OFFLINE_MODE"
+EXECUTABLE_CACHE_PATH = "POPDIST_EXECUTABLE_CACHE_PATH"
+
+#: PopRun's variables: all present under poprun, all absent otherwise.
+REQUIRED: tuple[str, ...] = (
+    NUM_TOTAL_REPLICAS,
+    NUM_IPUS_PER_REPLICA,
+    NUM_LOCAL_REPLICAS,
+    UNIFORM_REPLICAS_PER_INSTANCE,
+    REPLICA_INDEX_OFFSET,
+    LOCAL_INSTANCE_INDEX,
+)
+#: Every variable of the contract, in the order of the table above.
+ALL: tuple[str, ...] = (
+    *REQUIRED,
+    NUM_INSTANCES,
+    INSTANCE_INDEX,
+    NUM_LOCAL_INSTANCES,
+    HOST,
+    OFFLINE_MODE,
+    EXECUTABLE_CACHE_PATH,
+)
+
+OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
+OMPI_RANK = "OMPI_COMM_WORLD_RANK"
+OMPI_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+
+
+class PopdistError(RuntimeError):
+    """A popdist environment or call that cannot be honoured.
+
+    Subclass of :class:`RuntimeError`; the message names the variable or argument, its
+    value, what was expected and what to do.
+    """
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One process's view of the run, as the environment describes it."""
+
+    num_total_replicas: int = 1
+    num_ipus_per_replica: int = 1
+    num_local_replicas: int = 1
+    replica_index_offset: int = 0
+    local_instance_index: int = 0
+    num_instances: int = 1
+    instance_index: int = 0
+    num_local_instances: int = 1
+    host: str = ""
+    offline_mode: bool = False
+    executable_cache_path: str | None = None
+    from_poprun: bool = False
+
+
+def instance_environment(
+    *,
+    num_total_replicas: int,
+    num_ipus_per_replica: int,
+    num_instances: int,
+    instance_index: int,
+    local_instance_index: int,
+    num_local_instances: int,
+    host: str,
+    offline_mode: bool = False,
+    executable_cache_path: str | None = None,
+) -> dict[str, str]:
+    """The variables ``poprun`` exports to one instance, in the table's order."""
+    local = num_total_replicas // num_instances
+    env = {
+        NUM_TOTAL_REPLICAS: str(num_total_replicas),
+        NUM_IPUS_PER_REPLICA: str(num_ipus_per_replica),
+        NUM_LOCAL_REPLICAS: str(local),
+        UNIFORM_REPLICAS_PER_INSTANCE: "1",
+        REPLICA_INDEX_OFFSET: str(instance_index * local),
+        LOCAL_INSTANCE_INDEX: str(local_instance_index),
+        NUM_INSTANCES: str(num_instances),
+        INSTANCE_INDEX: str(instance_index),
+        NUM_LOCAL_INSTANCES: str(num_local_instances),
+        HOST: host,
+    }
+    if offline_mode:
+        env[OFFLINE_MODE] = "1"
+    if executable_cache_path:
+        env[EXECUTABLE_CACHE_PATH] = executable_cache_path
+    return env
+
+
+def _int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
+    raw = environ[name]
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise PopdistError(
+            f"{name}={raw!r} is not an integer; poprun sets it, so relaunch with poprun "
+            f"or unset every POPDIST_* variable"
+        ) from None
+    if value < minimum:
+        raise PopdistError(
+            f"{name}={raw!r} must be at least {minimum}; relaunch with poprun or unset "
+            f"every POPDIST_* variable"
+        )
+    return value
+
+
+def _read_poprun(environ: Mapping[str, str]) -> RunView:
+    missing = [name for name in REQUIRED if name not in environ]
+    if missing:
+        present = [name for name in REQUIRED if name in environ]
+        raise PopdistError(
+            f"{missing[0]} is not set but {present[0]} is: the POPDIST_* environment is "
+            f"half set; launch with poprun, or unset every POPDIST_* variable to run alone"
+        )
+    total = _int(environ, NUM_TOTAL_REPLICAS, minimum=1)
+    ipr = _int(environ, NUM_IPUS_PER_REPLICA, minimum=1)
+    local = _int(environ, NUM_LOCAL_REPLICAS, minimum=1)
+    offset = _int(environ, REPLICA_INDEX_OFFSET, minimum=0)
+    local_index = _int(environ, LOCAL_INSTANCE_INDEX, minimum=0)
+    uniform = environ[UNIFORM_REPLICAS_PER_INSTANCE].strip()
+    if uniform != "1":
+        raise PopdistError(
+            f"{UNIFORM_REPLICAS_PER_INSTANCE}={uniform!r}: only a uniform number of replicas "
+            f"per instance is supported (expected '1')"
+        )
+    if total % local:
+        raise PopdistError(
+            f"{NUM_TOTAL_REPLICAS}={total} is not a multiple of {NUM_LOCAL_REPLICAS}={local}; "
+            f"every instance must own the same number of replicas"
+        )
+    if offset % local or offset >= total:
+        raise PopdistError(
+            f"{REPLICA_INDEX_OFFSET}={offset} must be a multiple of {NUM_LOCAL_REPLICAS}={local} "
+            f"below {NUM_TOTAL_REPLICAS}={total}"
+        )
+    num_instances = total // local
+    instance_index = offset // local
+    for name, derived in ((NUM_INSTANCES, num_instances), (INSTANCE_INDEX, instance_index)):
+        if name in environ and _int(environ, name, minimum=0) != derived:
+            raise PopdistError(
+                f"{name}={environ[name]!r} disagrees with the replica variables, which give "
+                f"{derived}; relaunch with poprun"
+            )
+    num_local_instances = (
+        _int(environ, NUM_LOCAL_INSTANCES, minimum=1) if NUM_LOCAL_INSTANCES in environ else 1
+    )
+    if local_index >= max(num_local_instances, 1) and NUM_LOCAL_INSTANCES in environ:
+        raise PopdistError(
+            f"{LOCAL_INSTANCE_INDEX}={local_index} must be below "
+            f"{NUM_LOCAL_INSTANCES}={num_local_instances}"
+        )
+    offline = environ.get(OFFLINE_MODE, "0").strip().lower() in {"1", "true", "yes"}
+    return RunView(
+        num_total_replicas=total,
+        num_ipus_per_replica=ipr,
+        num_local_replicas=local,
+        replica_index_offset=offset,
+        local_instance_index=local_index,
+        num_instances=num_instances,
+        instance_index=instance_index,
+        num_local_instances=num_local_instances,
+        host=environ.get(HOST, ""),
+        offline_mode=offline,
+        executable_cache_path=environ.get(EXECUTABLE_CACHE_PATH) or None,
+        from_poprun=True,
+    )
+
+
+def _read_ompi(environ: Mapping[str, str]) -> RunView:
+    size = _int(environ, OMPI_SIZE, minimum=1)
+    rank = _int(environ, OMPI_RANK, minimum=0) if OMPI_RANK in environ else 0
+    if rank >= size:
+        raise PopdistError(f"{OMPI_RANK}={rank} must be below {OMPI_SIZE}={size}")
+    local_rank = _int(environ, OMPI_LOCAL_RANK, minimum=0) if OMPI_LOCAL_RANK in environ else 0
+    return RunView(
+        num_total_replicas=size,
+        num_local_replicas=1,
+        replica_index_offset=rank,
+        local_instance_index=local_rank,
+        num_instances=size,
+        instance_index=rank,
+        num_local_instances=int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1") or 1),
+        from_poprun=False,
+    )
+
+
+def read_run(environ: Mapping[str, str] | None = None) -> RunView:
+    """Read this process's :class:`RunView` from ``environ`` (default: ``os.environ``).
+
+    Raises :class:`PopdistError` for a half-set or malformed environment.
+    """
+    environ = os.environ if environ is None else environ
+    if any(name in environ for name in REQUIRED):
+        return _read_poprun(environ)
+    if OMPI_SIZE in environ:
+        return _read_ompi(environ)
+    return RunView()

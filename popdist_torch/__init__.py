@@ -1,0 +1,1 @@
+"""popdist_torch: a PopTorch-like data-parallel executor on torch and Horovod."""

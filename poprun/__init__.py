@@ -1,0 +1,1 @@
+"""poprun: launch PopDist instances on Open MPI."""

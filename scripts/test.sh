@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The full test suite, then the linters. pytest's "no tests ran" (exit 5) is a failure.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=.venv/bin/python
+"$PY" -m pytest tests -q -p no:cacheprovider "$@"
+rc=$?
+if [ "$rc" = 5 ]; then
+    echo "error: pytest collected no tests" >&2
+    exit 1
+fi
+[ "$rc" = 0 ] || exit "$rc"
+.venv/bin/ruff check poprun popdist popdist_torch tests examples benchmarks || exit 1
+.venv/bin/mypy || exit 1
