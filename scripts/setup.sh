@@ -16,6 +16,13 @@ HOROVOD_VERSION="0.28.1"
 CACHE_ROOT="${POPDIST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/popdist}"
 
 log() { printf '[setup] %s\n' "$*"; }
+WORK_DIRS=()
+cleanup() { for d in "${WORK_DIRS[@]}"; do rm -rf "$d"; done; }
+trap cleanup EXIT
+# pip, quiet, without the noise of this machine's pip.conf pointing at absent local indexes.
+vpip() {
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # --- 1. Open MPI -------------------------------------------------------------------
@@ -42,10 +49,9 @@ ensure_venv() {
         log "creating $VENV"
         "$PYTHON" -m venv "$VENV"
     fi
-    local pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
     if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
         log "installing torch==$TORCH_VERSION (CPU build)"
-        "${pip[@]}" install "torch==$TORCH_VERSION"
+        vpip install "torch==$TORCH_VERSION"
     fi
     # The editable install is re-done only when pyproject.toml changed since the last one.
     local stamp="$VENV/.popdist-pyproject.sha"
@@ -53,8 +59,8 @@ ensure_venv() {
     want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         log "installing the project (editable) with extras [examples,dev]"
-        "${pip[@]}" install setuptools wheel
-        "${pip[@]}" install -e ".[examples,dev]"
+        vpip install setuptools wheel
+        vpip install -e ".[examples,dev]"
         echo "$want" > "$stamp"
     fi
 }
@@ -71,9 +77,9 @@ PY
 build_horovod_wheel() {
     local dest="$1" work
     work="$(mktemp -d)"
-    trap 'rm -rf "$work"' RETURN
+    WORK_DIRS+=("$work")
     log "building Horovod $HOROVOD_VERSION against torch $TORCH_VERSION (about 4 minutes on 2 cores)"
-    "$VENV/bin/python" -m pip --disable-pip-version-check -q download --no-deps --no-binary :all: \
+    vpip download --no-deps --no-binary :all: \
         -d "$work" "horovod==$HOROVOD_VERSION"
     tar -xzf "$work"/horovod-"$HOROVOD_VERSION".tar.gz -C "$work"
     local src="$work/horovod-$HOROVOD_VERSION"
@@ -81,7 +87,7 @@ build_horovod_wheel() {
     sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/; s/-std=c++14/-std=c++17/g' \
         "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" || die "the C++17 patch did not apply to Horovod's CMakeLists.txt"
-    "$VENV/bin/python" -m pip --disable-pip-version-check -q install cloudpickle psutil pyyaml packaging cffi
+    vpip install cloudpickle psutil pyyaml packaging cffi
     (
         cd "$src"
         export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
@@ -116,8 +122,8 @@ ensure_horovod() {
     else
         log "using the cached Horovod wheel in $dest"
     fi
-    "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps --force-reinstall "$dest"/horovod-*.whl
-    "$VENV/bin/python" -m pip --disable-pip-version-check -q install cloudpickle psutil pyyaml packaging cffi
+    vpip install --no-deps --force-reinstall "$dest"/horovod-*.whl
+    vpip install cloudpickle psutil pyyaml packaging cffi
     horovod_ok || die "Horovod is installed but lacks PyTorch, MPI or Gloo support"
 }
 
