@@ -1,0 +1,112 @@
+"""One backend's allreduce timings, run under ``mpirun -np N`` by ``benchmarks/allreduce.py``.
+
+Each rank times ``reps`` in-place float32 sum-allreduces per size after a warm-up; rank 0
+prints one JSON line per size with the slowest rank's median time (a collective ends when its
+last rank does). Backends: ``horovod`` (the executor's gradient path), ``mpi4py`` (raw
+``MPI.Allreduce``), ``gloo`` (``torch.distributed``), and ``memory`` (numpy ``c = a + b`` in
+one process while the others wait: the memory-bandwidth reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+
+def _reps(nbytes: int) -> int:
+    return max(5, min(200, (64 << 20) // max(nbytes, 1)))
+
+
+def _time(fn: Callable[[], None], reps: int, barrier: Callable[[], None]) -> float:
+    fn()  # warm-up: buffers allocated, connections up
+    samples = []
+    for _ in range(reps):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", required=True, choices=["horovod", "mpi4py", "gloo", "memory"])
+    parser.add_argument("--sizes", required=True, help="comma-separated sizes in bytes")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    barrier = comm.Barrier
+
+    run: Callable[[int], Callable[[], None]]
+    if args.backend == "mpi4py":
+
+        def run(n: int) -> Callable[[], None]:
+            buf = np.ones(n // 4, dtype=np.float32)
+            return lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    elif args.backend == "memory":
+
+        def run(n: int) -> Callable[[], None]:
+            a = np.ones(n // 4, dtype=np.float32)
+            b = np.ones_like(a)
+            c = np.empty_like(a)
+            return (lambda: np.add(a, b, out=c)) if rank == 0 else (lambda: None)
+
+    elif args.backend == "horovod":
+        import torch
+
+        import popdist
+        from popdist_torch.collectives import allreduce_gradients
+
+        popdist.init()
+
+        def run(n: int) -> Callable[[], None]:
+            grads = [torch.ones(n // 4, dtype=torch.float32)]
+            return lambda: allreduce_gradients(grads, average=False)
+
+    else:  # gloo
+        import torch
+        import torch.distributed as dist
+
+        port = comm.bcast(_free_port() if rank == 0 else None, root=0)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+
+        def run(n: int) -> Callable[[], None]:
+            t = torch.ones(n // 4, dtype=torch.float32)
+            return lambda: dist.all_reduce(t)
+
+    for n in sizes:
+        local = _time(run(n), _reps(n), barrier)
+        slowest = comm.allreduce(local, op=MPI.MAX)
+        if args.backend == "memory":
+            slowest = comm.bcast(local, root=0)
+        if rank == 0:
+            print(
+                json.dumps(
+                    {"backend": args.backend, "bytes": n, "seconds": slowest, "ranks": size}
+                ),
+                flush=True,
+            )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    main()
