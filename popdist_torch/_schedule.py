@@ -1,0 +1,429 @@
+"""Run the stages of a model over micro-batches: schedules, worker threads, devices.
+
+One worker thread per stage executes that stage's list of operations (forward or
+backward of micro-batch m).  The autograd graph is cut at stage boundaries: a stage
+receives its inputs detached (``requires_grad_``), runs ``torch.autograd.backward`` on
+its own outputs with the gradients its consumers sent back, and sends the gradients of
+its inputs to their producers.  Each stage owns disjoint parameters, so gradients
+accumulate into ``.grad`` without races, and since every stage runs backward in
+micro-batch order the sums are those of a plain sequential loop.
+
+Pipelined: stages wait only for their data (GPipe or 1F1B order).  Sharded: the same
+workers also wait for a global turn, so exactly one stage runs at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from popdist_torch._blocks import (
+    PipelinedExecution,
+    PipelineError,
+    _check_depth,
+    _ExecutionStrategy,
+)
+from popdist_torch._stages import Source, StagePlan, StageSpec, build_plan, loss_source
+
+Op = tuple[str, int]  # ("F" | "B", micro-batch index)
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """One operation a stage ran: for the profile (Chrome trace, timeline)."""
+
+    stage: int
+    device: int
+    kind: str  # "F" forward, "B" backward
+    micro_batch: int
+    start: float  # seconds, time.perf_counter()
+    end: float
+
+
+def pipeline_ops(
+    position: int, num_stages: int, micro_batches: int, schedule: str, training: bool
+) -> list[Op]:
+    """The operations of the stage at ``position`` (0 = first) in a pipelined step."""
+    forwards = [("F", m) for m in range(micro_batches)]
+    if not training:
+        return forwards
+    backwards = [("B", m) for m in range(micro_batches)]
+    if schedule == "gpipe":
+        return forwards + backwards
+    warmup = min(num_stages - 1 - position, micro_batches)
+    ops: list[Op] = forwards[:warmup]
+    for i in range(micro_batches - warmup):
+        ops += [forwards[warmup + i], backwards[i]]
+    return ops + backwards[micro_batches - warmup :]
+
+
+def sharded_order(num_stages: int, micro_batches: int, training: bool) -> list[tuple[int, Op]]:
+    """The single global order of a sharded step: (stage position, op)."""
+    order: list[tuple[int, Op]] = []
+    for m in range(micro_batches):
+        order += [(s, ("F", m)) for s in range(num_stages)]
+        if training:
+            order += [(s, ("B", m)) for s in reversed(range(num_stages))]
+    return order
+
+
+class _Aborted(Exception):
+    """Another worker failed; this one stops waiting."""
+
+
+class _Exchange:
+    """Values passed between workers, keyed; ``get`` blocks until the value is put."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._values: dict[tuple[Any, ...], Any] = {}
+        self._turn = 0
+        self.failed = False
+
+    def put(self, key: tuple[Any, ...], value: Any) -> None:
+        with self._cond:
+            self._values[key] = value
+            self._cond.notify_all()
+
+    def get(self, key: tuple[Any, ...]) -> Any:
+        with self._cond:
+            self._cond.wait_for(lambda: key in self._values or self.failed)
+            if self.failed:
+                raise _Aborted
+            return self._values.pop(key)
+
+    def wait_turn(self, turn: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._turn == turn or self.failed)
+            if self.failed:
+                raise _Aborted
+
+    def next_turn(self) -> None:
+        with self._cond:
+            self._turn += 1
+            self._cond.notify_all()
+
+    def fail(self) -> None:
+        with self._cond:
+            self.failed = True
+            self._cond.notify_all()
+
+
+def default_devices(num_devices: int) -> list[torch.device]:
+    """A replica's devices: GPUs when present (round-robin), otherwise CPU workers."""
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return [torch.device("cuda", i % count) for i in range(num_devices)]
+    return [torch.device("cpu")] * num_devices
+
+
+class StageRunner:
+    """Runs a model's stages over the micro-batches of one step.
+
+    ``strategy`` is a ``PipelinedExecution`` or ``ShardedExecution`` (``None``: one
+    stage per block, pipelined).  ``num_devices`` is the replica's device count
+    (``--ipus-per-replica``); ``devices`` overrides where device ``i`` is.  On CPU each
+    device is a worker thread limited to ``threads_per_device`` intra-op threads
+    (default: torch's thread count divided by ``num_devices``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        strategy: _ExecutionStrategy | None,
+        *,
+        num_devices: int,
+        devices: Sequence[torch.device] | None = None,
+        threads_per_device: int | None = None,
+        profile: bool = False,
+    ) -> None:
+        if num_devices < 1:
+            raise PipelineError(
+                f"num_devices={num_devices} must be at least 1 (--ipus-per-replica)"
+            )
+        self.model = model
+        self.strategy = strategy
+        self.num_devices = num_devices
+        self.devices = list(devices) if devices is not None else default_devices(num_devices)
+        if len(self.devices) < num_devices:
+            raise PipelineError(f"{len(self.devices)} devices given for num_devices={num_devices}")
+        total = torch.get_num_threads()
+        self.threads_per_device = threads_per_device or max(1, total // num_devices)
+        self.profile = profile
+        self.events: list[StageEvent] = []
+        self._plans: dict[tuple[int, bool], StagePlan] = {}
+        self._device_locks = [threading.Lock() for _ in range(num_devices)]
+        self._streams: dict[int, Any] = {}
+
+    # -- public interface -------------------------------------------------------------
+    def plan(self, num_inputs: int) -> StagePlan:
+        """The stage plan for micro-batches of ``num_inputs`` tensors (traced once)."""
+        key = (num_inputs, self.model.training)
+        if key not in self._plans:
+            plan = build_plan(self.model, self.strategy, num_inputs, self.num_devices)
+            for spec in plan.active():
+                device = self.devices[spec.ipu_id]
+                if device.type != "cpu":
+                    assert spec.module is not None
+                    spec.module.to(device)
+            self._plans[key] = plan
+        return self._plans[key]
+
+    @property
+    def num_stages(self) -> int:
+        """Stages of the most recently used plan (after the first call)."""
+        if not self._plans:
+            raise RuntimeError("num_stages is known after the first forward")
+        return len(next(reversed(self._plans.values())).stages)
+
+    def forward_backward(
+        self, micro_batches: Sequence[Sequence[torch.Tensor]], grad_scale: float = 1.0
+    ) -> list[Any]:
+        """Forward and backward of every micro-batch; gradients accumulate in ``.grad``.
+
+        The result equals ``for mb in micro_batches: (grad_scale * loss(mb)).backward()``
+        where the loss is the forward's return value or its last element.  Returns each
+        micro-batch's forward output, detached.
+        """
+        plan = self._plan_for(micro_batches)
+        if isinstance(self.strategy, PipelinedExecution) or self.strategy is None:
+            _check_depth(len(plan.stages), len(micro_batches))
+        return self._run(plan, micro_batches, training=True, grad_scale=grad_scale)
+
+    def forward(self, micro_batches: Sequence[Sequence[torch.Tensor]]) -> list[Any]:
+        """Forward only (inference), under ``torch.no_grad``; outputs per micro-batch."""
+        plan = self._plan_for(micro_batches)
+        return self._run(plan, micro_batches, training=False, grad_scale=1.0)
+
+    # -- execution --------------------------------------------------------------------
+    def _plan_for(self, micro_batches: Sequence[Sequence[torch.Tensor]]) -> StagePlan:
+        if not micro_batches:
+            raise PipelineError("no micro-batches to run")
+        sizes = {len(mb) for mb in micro_batches}
+        if len(sizes) != 1:
+            raise PipelineError(f"micro-batches have different numbers of tensors: {sorted(sizes)}")
+        return self.plan(sizes.pop())
+
+    def _run(
+        self,
+        plan: StagePlan,
+        micro_batches: Sequence[Sequence[torch.Tensor]],
+        *,
+        training: bool,
+        grad_scale: float,
+    ) -> list[Any]:
+        active = plan.active()
+        count = len(micro_batches)
+        position = {spec.index: i for i, spec in enumerate(active)}
+        loss = loss_source(plan) if training else None
+        exchange = _Exchange()
+        outputs: dict[tuple[int, int], list[Any]] = {}  # (stage, micro-batch) -> outputs
+        wanted = {
+            (s.stage, s.index)
+            for s in plan.output_sources
+            if isinstance(s, Source) and s.kind == "stage"
+        }
+        sharded = self.strategy is not None and not isinstance(self.strategy, PipelinedExecution)
+        schedule = getattr(self.strategy, "schedule", "1f1b")
+        turns: dict[tuple[int, Op], int] = {}
+        if sharded:
+            for turn, (pos, op) in enumerate(sharded_order(len(active), count, training)):
+                turns[(pos, op)] = turn
+        errors: list[BaseException] = []
+        grad_enabled = training or torch.is_grad_enabled()
+
+        def work(spec: StageSpec) -> None:
+            pos = position[spec.index]
+            if sharded:
+                ops = [op for (p, op), _ in sorted(turns.items(), key=lambda kv: kv[1]) if p == pos]
+            else:
+                ops = pipeline_ops(pos, len(active), count, schedule, training)
+            saved: dict[int, tuple[list[Any], list[Any]]] = {}
+            try:
+                torch.set_num_threads(self.threads_per_device)
+                device = self.devices[spec.ipu_id]
+                if device.type == "cuda":
+                    torch.cuda.set_device(device)
+                for op in ops:
+                    if sharded:
+                        exchange.wait_turn(turns[(pos, op)])
+                    kind, m = op
+                    if kind == "F":
+                        inputs = [
+                            self._input(src, spec, m, micro_batches, exchange, device, training)
+                            for src in spec.inputs
+                        ]
+                        with (
+                            self._on_device(spec),
+                            torch.set_grad_enabled(grad_enabled if training else False),
+                        ):
+                            start = time.perf_counter()
+                            assert spec.module is not None
+                            result = list(spec.module(*inputs))
+                            self._record(spec, "F", m, start)
+                        for i, value in enumerate(result):
+                            for consumer in spec.consumers.get(i, []):
+                                exchange.put(("act", consumer, spec.index, i, m), value)
+                            if (spec.index, i) in wanted:
+                                outputs[(spec.index, m)] = [_detach(v) for v in result]
+                        if training:
+                            saved[m] = (inputs, result)
+                    else:
+                        inputs, result = saved.pop(m)
+                        tensors: list[torch.Tensor] = []
+                        grads: list[torch.Tensor] = []
+                        for i, value in enumerate(result):
+                            grad = None
+                            for consumer in spec.consumers.get(i, []):
+                                grad = _add(
+                                    grad, exchange.get(("grad", spec.index, i, consumer, m))
+                                )
+                            if loss is not None and (loss.stage, loss.index) == (spec.index, i):
+                                grad = _add(grad, torch.full_like(value, grad_scale))
+                            if (
+                                grad is not None
+                                and isinstance(value, torch.Tensor)
+                                and value.requires_grad
+                            ):
+                                tensors.append(value)
+                                grads.append(grad.to(value.device))
+                        with self._on_device(spec):
+                            start = time.perf_counter()
+                            if tensors:
+                                torch.autograd.backward(tensors, grads)
+                            self._record(spec, "B", m, start)
+                        for src, value in zip(spec.inputs, inputs, strict=True):
+                            if src.kind == "stage":
+                                g = (
+                                    value.grad
+                                    if isinstance(value, torch.Tensor) and value.requires_grad
+                                    else None
+                                )
+                                exchange.put(("grad", src.stage, src.index, spec.index, m), g)
+                    if sharded:
+                        exchange.next_turn()
+            except _Aborted:
+                return
+            except BaseException as exc:  # handed to the caller's thread
+                errors.append(exc)
+                exchange.fail()
+
+        workers = [
+            threading.Thread(
+                target=work, args=(spec,), name=f"popdist-stage-{spec.index}", daemon=True
+            )
+            for spec in active
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        if errors:
+            raise errors[0]
+        return [self._assemble(plan.output, outputs, m, micro_batches) for m in range(count)]
+
+    def _input(
+        self,
+        src: Source,
+        spec: StageSpec,
+        m: int,
+        micro_batches: Sequence[Sequence[torch.Tensor]],
+        exchange: _Exchange,
+        device: torch.device,
+        training: bool,
+    ) -> Any:
+        if src.kind == "input":
+            return _to(micro_batches[m][src.index], device)
+        if src.kind == "stage":
+            value = exchange.get(("act", spec.index, src.stage, src.index, m))
+            if isinstance(value, torch.Tensor):
+                value = _to(value, device)
+                if training and value.requires_grad:
+                    value = value.detach().requires_grad_()
+            return value
+        return src.value
+
+    def _on_device(self, spec: StageSpec) -> Any:
+        lock = self._device_locks[spec.ipu_id]
+        device = self.devices[spec.ipu_id]
+        return _DeviceScope(lock, device, self._stream(spec.ipu_id, device))
+
+    def _stream(self, ipu_id: int, device: torch.device) -> Any:
+        if device.type != "cuda":
+            return None
+        if ipu_id not in self._streams:
+            self._streams[ipu_id] = torch.cuda.Stream(device=device)
+        return self._streams[ipu_id]
+
+    def _record(self, spec: StageSpec, kind: str, m: int, start: float) -> None:
+        if self.profile:
+            self.events.append(
+                StageEvent(spec.index, spec.ipu_id, kind, m, start, time.perf_counter())
+            )
+
+    def _assemble(
+        self,
+        structure: Any,
+        outputs: dict[tuple[int, int], list[Any]],
+        m: int,
+        micro_batches: Sequence[Sequence[torch.Tensor]],
+    ) -> Any:
+        if isinstance(structure, Source):
+            if structure.kind == "stage":
+                return outputs[(structure.stage, m)][structure.index]
+            if structure.kind == "input":
+                return micro_batches[m][structure.index]
+            return structure.value
+        if isinstance(structure, tuple):
+            return tuple(self._assemble(s, outputs, m, micro_batches) for s in structure)
+        if isinstance(structure, list):
+            return [self._assemble(s, outputs, m, micro_batches) for s in structure]
+        if isinstance(structure, dict):
+            return {k: self._assemble(v, outputs, m, micro_batches) for k, v in structure.items()}
+        return structure
+
+
+class _DeviceScope:
+    """Hold a device (one stage computes on it at a time) and its CUDA stream."""
+
+    def __init__(self, lock: threading.Lock, device: torch.device, stream: Any) -> None:
+        self._lock = lock
+        self._stream_ctx = torch.cuda.stream(stream) if stream is not None else None
+        self._stream = stream
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        if self._stream_ctx is not None:
+            self._stream_ctx.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._stream_ctx is not None:
+                self._stream.synchronize()
+                self._stream_ctx.__exit__(None, None, None)
+        finally:
+            self._lock.release()
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor) and value.device != device:
+        return value.to(device)
+    return value
+
+
+def _detach(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def _add(total: torch.Tensor | None, grad: torch.Tensor | None) -> torch.Tensor | None:
+    if grad is None:
+        return total
+    if total is None:
+        return grad
+    return total + grad.to(total.device)

@@ -1,0 +1,374 @@
+"""Split an annotated model into stages: trace with torch.fx, tag nodes by block, split.
+
+The forward is traced once per call signature with a tracer that records, for every
+graph node, the block that was current when the node was created (``Block`` contexts
+and ``BeginBlock`` modules set it).  The graph is then cut with
+``torch.fx.passes.split_module`` into one ``GraphModule`` per stage; the top-level
+graph that calls them tells which values cross from stage to stage.  Limits: the
+forward must be traceable by torch.fx (no control flow on tensor values).
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.split_module import split_module
+
+from popdist_torch._blocks import (
+    PipelineError,
+    Stage,
+    _enter_block,
+    _ExecutionStrategy,
+    _trace_state,
+    begin_block_of,
+)
+
+_ALL = "__model__"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a stage input or a model output comes from.
+
+    ``kind`` is ``"input"`` (``index`` = position of the micro-batch tensor),
+    ``"default"`` / ``"attr"`` (``value`` = a constant or a module attribute, e.g. a
+    parameter) or ``"stage"`` (``stage`` produced it as its output number ``index``).
+    """
+
+    kind: str
+    index: int = 0
+    stage: int = -1
+    value: Any = None
+
+
+@dataclass
+class StageSpec:
+    """One stage: its blocks, its device index and its piece of the graph."""
+
+    index: int
+    ipu_id: int
+    blocks: tuple[str, ...]
+    module: nn.Module | None = None
+    inputs: list[Source] = field(default_factory=list)
+    num_outputs: int = 0
+    # (consumer stage, output index) pairs: who reads each of this stage's outputs
+    consumers: dict[int, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class StagePlan:
+    """The stages of a model for one call signature and how values flow between them."""
+
+    stages: list[StageSpec]
+    output: Any  # the forward's return structure with Source leaves
+    output_sources: list[Source]  # the leaves of ``output`` in order
+    num_inputs: int
+    block_order: list[str]
+
+    def active(self) -> list[StageSpec]:
+        """Stages that have work (a block can hold no operation)."""
+        return [s for s in self.stages if s.module is not None]
+
+
+class _BlockTracer(fx.Tracer):
+    """A tracer that tags each node with the block current when it was created."""
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta["popdist_block"] = _trace_state.current
+        return node
+
+    def call_module(
+        self,
+        m: nn.Module,
+        forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        mark = begin_block_of(m)
+        if mark is not None:
+            user_id, ipu_id = mark
+            name = (
+                user_id if user_id is not None else (f"ipu{ipu_id}" if ipu_id is not None else None)
+            )
+            _enter_block(name, ipu_id)
+        return super().call_module(m, forward, args, kwargs)
+
+
+def _concrete_args(model: nn.Module, num_inputs: int) -> dict[str, Any]:
+    """Defaults for the forward parameters the micro-batch does not provide."""
+    params = [
+        p
+        for p in inspect.signature(model.forward).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if num_inputs > len(params):
+        raise PipelineError(
+            f"{type(model).__name__}.forward takes {len(params)} positional inputs, "
+            f"the micro-batch has {num_inputs}"
+        )
+    concrete: dict[str, Any] = {}
+    for p in params[num_inputs:]:
+        if p.default is p.empty:
+            raise PipelineError(
+                f"{type(model).__name__}.forward needs input {p.name!r}, "
+                f"the micro-batch has only {num_inputs} tensors"
+            )
+        concrete[p.name] = p.default
+    return concrete
+
+
+def trace(model: nn.Module, num_inputs: int) -> tuple[fx.GraphModule, dict[str, int | None]]:
+    """Trace ``model`` for ``num_inputs`` inputs; nodes carry ``meta['popdist_block']``."""
+    concrete = _concrete_args(model, num_inputs)
+    state = _trace_state
+    state.reset()
+    state.tracing = True
+    try:
+        graph = _BlockTracer().trace(model, concrete_args=concrete or None)
+        blocks = dict(state.blocks)
+    except PipelineError:
+        raise
+    except Exception as exc:  # torch.fx raises many kinds; all mean "cannot split"
+        raise PipelineError(
+            f"cannot split {type(model).__name__} into stages: torch.fx could not trace "
+            f"its forward ({type(exc).__name__}: {exc}); a staged model's forward must not "
+            "branch on tensor values (see docs/pipelining.md)"
+        ) from exc
+    finally:
+        state.reset()
+    return fx.GraphModule(model, graph), blocks
+
+
+def _compute_nodes(graph: fx.Graph) -> list[fx.Node]:
+    return [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+
+
+def _assign_blocks(gm: fx.GraphModule) -> list[str]:
+    """Give every compute node a block; returns the blocks in forward order."""
+    order: list[str] = []
+    for node in _compute_nodes(gm.graph):
+        block = node.meta.get("popdist_block")
+        if block is not None and block not in order:
+            order.append(block)
+    first = order[0] if order else _ALL
+    for node in _compute_nodes(gm.graph):
+        if node.meta.get("popdist_block") is None:
+            node.meta["popdist_block"] = first
+    # A module attribute (e.g. a bare parameter) belongs where it is first used.
+    for node in _compute_nodes(gm.graph):
+        if node.op == "get_attr" and node.users:
+            node.meta["popdist_block"] = next(iter(node.users)).meta["popdist_block"]
+    return order or [_ALL]
+
+
+def _resolve_stages(
+    strategy: _ExecutionStrategy | None,
+    order: list[str],
+    ipu_of: dict[str, int | None],
+) -> list[StageSpec]:
+    """Turn the strategy's stages (or one stage per block) into ``StageSpec``s."""
+    if order == [_ALL]:
+        if strategy is not None and strategy.stages:
+            raise PipelineError(
+                f"{strategy!r} names blocks but the model has none: annotate it with "
+                "Block('B1') contexts or BeginBlock(module, 'B1')"
+            )
+        return [StageSpec(0, 0, (_ALL,))]
+    stages: list[Stage]
+    if strategy is None or not strategy.stages:
+        stages = []
+        for name in order:
+            stage = Stage(name)
+            ipu = ipu_of.get(name)
+            stages.append(stage.ipu(ipu) if ipu is not None else stage)
+    else:
+        stages = list(strategy.stages)
+    known = set(order)
+    placed: dict[str, int] = {}
+    for index, stage in enumerate(stages):
+        for name in stage.blocks:
+            if name not in known:
+                raise PipelineError(
+                    f"unknown block {name!r} in {stage!r}; the model's blocks are "
+                    f"{', '.join(repr(b) for b in order)}"
+                )
+            if name in placed:
+                raise PipelineError(
+                    f"block {name!r} is on stage {placed[name]} and on stage {index}; "
+                    "put each block on one stage"
+                )
+            placed[name] = index
+    missing = [b for b in order if b not in placed]
+    if missing:
+        raise PipelineError(
+            f"block(s) {', '.join(repr(b) for b in missing)} are on no stage of "
+            f"{strategy!r}; add them to a Stage(...)"
+        )
+    specs: list[StageSpec] = []
+    for index, stage in enumerate(stages):
+        ipu = stage.ipu_id
+        if ipu is None:
+            ids = {ipu_of.get(b) for b in stage.blocks}
+            only = ids.pop() if len(ids) == 1 else None
+            ipu = only if only is not None else index
+        specs.append(StageSpec(index, ipu, stage.blocks))
+    return specs
+
+
+def _check_devices(specs: list[StageSpec], num_devices: int) -> None:
+    for spec in specs:
+        if spec.ipu_id >= num_devices:
+            raise PipelineError(
+                f"stage {spec.index} ({', '.join(spec.blocks)}) is on ipu {spec.ipu_id} but "
+                f"a replica has {num_devices} device(s) (ids 0..{num_devices - 1}); raise "
+                "--ipus-per-replica or place the stage with .ipu(n) on an existing device"
+            )
+
+
+def _check_forward_flow(gm: fx.GraphModule, stage_of_block: dict[str, int]) -> None:
+    """Every value must flow from a stage to itself or a later stage."""
+    for node in _compute_nodes(gm.graph):
+        here = stage_of_block[node.meta["popdist_block"]]
+        for arg in node.all_input_nodes:
+            if arg.op == "placeholder" or arg.op == "get_attr":
+                continue
+            there = stage_of_block[arg.meta["popdist_block"]]
+            if there > here:
+                raise PipelineError(
+                    f"block {arg.meta['popdist_block']!r} (stage {there}) feeds block "
+                    f"{node.meta['popdist_block']!r} (stage {here}): activations would go "
+                    "backwards; list the stages in forward order"
+                )
+
+
+def _check_disjoint_parameters(specs: list[StageSpec]) -> None:
+    owner: dict[int, int] = {}
+    for spec in specs:
+        params = list(spec.module.parameters()) if spec.module is not None else []
+        params += [
+            s.value for s in spec.inputs if s.kind == "attr" and isinstance(s.value, nn.Parameter)
+        ]
+        for p in params:
+            if owner.setdefault(id(p), spec.index) != spec.index:
+                raise PipelineError(
+                    f"a parameter of shape {tuple(p.shape)} is used by stage {owner[id(p)]} "
+                    f"and stage {spec.index}; weights shared across stages are not supported: "
+                    "put the blocks that use it on one stage"
+                )
+
+
+def build_plan(
+    model: nn.Module,
+    strategy: _ExecutionStrategy | None,
+    num_inputs: int,
+    num_devices: int,
+) -> StagePlan:
+    """Trace, validate and split ``model`` into the stages of ``strategy``."""
+    gm, ipu_of = trace(model, num_inputs)
+    order = _assign_blocks(gm)
+    specs = _resolve_stages(strategy, order, ipu_of)
+    _check_devices(specs, num_devices)
+    stage_of_block = {b: s.index for s in specs for b in s.blocks}
+    _check_forward_flow(gm, stage_of_block)
+    split = split_module(
+        gm, model, lambda n: stage_of_block[n.meta["popdist_block"]], tuple_return=True
+    )
+    values: dict[fx.Node, Source] = {}
+    getitems: dict[fx.Node, tuple[int, int]] = {}
+    placeholder_index = 0
+    output: Any = None
+    for node in split.graph.nodes:
+        if node.op == "placeholder":
+            if placeholder_index < num_inputs:
+                values[node] = Source("input", index=placeholder_index)
+            else:
+                values[node] = Source("default", value=node.args[0] if node.args else None)
+            placeholder_index += 1
+        elif node.op == "get_attr":
+            values[node] = Source("attr", value=_get_attr(split, str(node.target)))
+        elif node.op == "call_module":
+            index = int(str(node.target).rsplit("_", 1)[1])
+            spec = specs[index]
+            spec.module = getattr(split, str(node.target))
+            spec.inputs = [_source_of(a, values) for a in node.args]
+            if node.kwargs:
+                raise PipelineError("internal: a stage was called with keyword arguments")
+        elif node.op == "call_function" and node.target is operator.getitem:
+            producer, position = node.args
+            assert isinstance(producer, fx.Node) and isinstance(position, int)
+            stage = int(str(producer.target).rsplit("_", 1)[1])
+            specs[stage].num_outputs = max(specs[stage].num_outputs, position + 1)
+            values[node] = Source("stage", index=position, stage=stage)
+            getitems[node] = (stage, position)
+        elif node.op == "output":
+            output = _map_output(node.args[0], values)
+        else:
+            raise PipelineError(f"internal: unexpected node {node.op} {node.target} in split graph")
+    for spec in specs:
+        for src in spec.inputs:
+            if src.kind == "stage":
+                specs[src.stage].consumers.setdefault(src.index, []).append(spec.index)
+    _check_disjoint_parameters(specs)
+    leaves: list[Source] = []
+    _collect(output, leaves)
+    return StagePlan(specs, output, leaves, num_inputs, order)
+
+
+def _collect(structure: Any, leaves: list[Source]) -> None:
+    if isinstance(structure, Source):
+        leaves.append(structure)
+    elif isinstance(structure, (tuple, list)):
+        for item in structure:
+            _collect(item, leaves)
+    elif isinstance(structure, dict):
+        for item in structure.values():
+            _collect(item, leaves)
+
+
+def _get_attr(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _map_output(arg: Any, values: dict[fx.Node, Source]) -> Any:
+    """The forward's return structure with each graph value replaced by its ``Source``."""
+    if isinstance(arg, fx.Node):
+        return values[arg]
+    if isinstance(arg, tuple):
+        return tuple(_map_output(a, values) for a in arg)
+    if isinstance(arg, list):
+        return [_map_output(a, values) for a in arg]
+    if isinstance(arg, dict):
+        return {k: _map_output(v, values) for k, v in arg.items()}
+    return Source("default", value=arg)
+
+
+def _source_of(arg: Any, values: dict[fx.Node, Source]) -> Source:
+    if isinstance(arg, fx.Node):
+        return values[arg]
+    return Source("default", value=arg)
+
+
+def loss_source(plan: StagePlan) -> Source:
+    """The loss: the forward's return value if single, else its last element."""
+    out = plan.output
+    leaf = out[-1] if isinstance(out, (tuple, list)) and out else out
+    if not isinstance(leaf, Source) or leaf.kind != "stage":
+        raise PipelineError(
+            "training needs the model's forward to return the loss (a tensor computed by the "
+            "model) alone or as the last element of a tuple"
+        )
+    return leaf
+
+
+def is_tensor_requiring_grad(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad

@@ -1,0 +1,38 @@
+"""Model parallelism: block annotations, stages, execution strategies, the stage runner.
+
+The PopTorch surface: a model is split into *blocks* (``BeginBlock`` on a submodule, or
+``with Block(...)`` around calls in ``forward``); blocks are grouped into *stages*
+(``Stage("B1", "B2").ipu(0)``); a strategy (``PipelinedExecution`` or
+``ShardedExecution``) says how the stages run on the replica's devices.  Here a device
+is a GPU when present, otherwise a CPU worker thread with its share of torch's
+intra-op threads.  ``StageRunner`` is the narrow interface the executor calls; the
+tracing and splitting live in :mod:`popdist_torch._stages`, the schedules and the
+worker threads in :mod:`popdist_torch._schedule`.
+"""
+
+from __future__ import annotations
+
+from popdist_torch._blocks import (
+    BeginBlock,
+    Block,
+    PipelinedExecution,
+    PipelineError,
+    ShardedExecution,
+    Stage,
+    check_accumulation,
+    has_block_annotations,
+)
+from popdist_torch._schedule import StageEvent, StageRunner
+
+__all__ = [
+    "BeginBlock",
+    "Block",
+    "PipelineError",
+    "PipelinedExecution",
+    "ShardedExecution",
+    "Stage",
+    "StageEvent",
+    "StageRunner",
+    "check_accumulation",
+    "has_block_annotations",
+]
