@@ -19,6 +19,7 @@ from popdist_torch._blocks import (
     PipelineError,
     ShardedExecution,
     Stage,
+    _ExecutionStrategy,  # noqa: F401 - Options.setExecutionStrategy checks against it
     check_accumulation,
     has_block_annotations,
 )
