@@ -14,9 +14,11 @@ workers also wait for a global turn, so exactly one stage runs at a time.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +73,57 @@ def sharded_order(num_stages: int, micro_batches: int, training: bool) -> list[t
         if training:
             order += [(s, ("B", m)) for s in reversed(range(num_stages))]
     return order
+
+
+_recorders: list[list[StageEvent]] = []
+
+
+@contextlib.contextmanager
+def record_schedule() -> Iterator[list[StageEvent]]:
+    """Collect the operations every ``StageRunner`` runs inside the block (profiling).
+
+    ``with record_schedule() as events: model(x, y)`` -- the executor owns its runner,
+    so this is how a script sees the per-stage schedule of a training model.
+    """
+    events: list[StageEvent] = []
+    _recorders.append(events)
+    try:
+        yield events
+    finally:
+        _recorders.remove(events)
+
+
+def chrome_trace(events: Sequence[StageEvent]) -> dict[str, Any]:
+    """The events as a Chrome trace (``chrome://tracing``, Perfetto): one row per stage."""
+    origin = min((e.start for e in events), default=0.0)
+    trace: list[dict[str, Any]] = [
+        {
+            "name": f"{e.kind}{e.micro_batch}",
+            "cat": "forward" if e.kind == "F" else "backward",
+            "ph": "X",
+            "ts": (e.start - origin) * 1e6,
+            "dur": (e.end - e.start) * 1e6,
+            "pid": e.device,
+            "tid": e.stage,
+            "args": {"stage": e.stage, "device": e.device, "micro_batch": e.micro_batch},
+        }
+        for e in events
+    ]
+    for device in sorted({e.device for e in events}):
+        trace.append(
+            {"name": "process_name", "ph": "M", "pid": device, "args": {"name": f"device {device}"}}
+        )
+    for stage in sorted({(e.device, e.stage) for e in events}):
+        trace.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": stage[0],
+                "tid": stage[1],
+                "args": {"name": f"stage {stage[1]}"},
+            }
+        )
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}
 
 
 class _Aborted(Exception):
@@ -128,9 +181,10 @@ class StageRunner:
 
     ``strategy`` is a ``PipelinedExecution`` or ``ShardedExecution`` (``None``: one
     stage per block, pipelined).  ``num_devices`` is the replica's device count
-    (``--ipus-per-replica``); ``devices`` overrides where device ``i`` is.  On CPU each
-    device is a worker thread limited to ``threads_per_device`` intra-op threads
-    (default: torch's thread count divided by ``num_devices``).
+    (``--ipus-per-replica``; ``None``: as many as the stages' ipu ids need);
+    ``devices`` overrides where device ``i`` is.  On CPU each device is a worker
+    thread limited to ``threads_per_device`` intra-op threads (default: torch's thread
+    count divided by the number of devices).
     """
 
     def __init__(
@@ -138,35 +192,53 @@ class StageRunner:
         model: nn.Module,
         strategy: _ExecutionStrategy | None,
         *,
-        num_devices: int,
+        num_devices: int | None,
         devices: Sequence[torch.device] | None = None,
         threads_per_device: int | None = None,
         profile: bool = False,
     ) -> None:
-        if num_devices < 1:
+        if num_devices is not None and num_devices < 1:
             raise PipelineError(
                 f"num_devices={num_devices} must be at least 1 (--ipus-per-replica)"
             )
         self.model = model
         self.strategy = strategy
         self.num_devices = num_devices
-        self.devices = list(devices) if devices is not None else default_devices(num_devices)
-        if len(self.devices) < num_devices:
-            raise PipelineError(f"{len(self.devices)} devices given for num_devices={num_devices}")
-        total = torch.get_num_threads()
-        self.threads_per_device = threads_per_device or max(1, total // num_devices)
+        self._given_devices = list(devices) if devices is not None else None
+        self._threads = threads_per_device
+        self.devices: list[torch.device] = []
+        self.threads_per_device = 1
         self.profile = profile
         self.events: list[StageEvent] = []
         self._plans: dict[tuple[int, bool], StagePlan] = {}
-        self._device_locks = [threading.Lock() for _ in range(num_devices)]
+        self._device_locks: list[threading.Lock] = []
         self._streams: dict[int, Any] = {}
+        if num_devices is not None:
+            self._set_devices(num_devices)
+
+    def _set_devices(self, count: int) -> None:
+        """Fix the replica's devices (once): where each is, its lock, its threads."""
+        if self.devices:
+            if count > len(self.devices):
+                raise PipelineError(
+                    f"a stage needs device {count - 1} but this runner has {len(self.devices)}"
+                )
+            return
+        devices = self._given_devices if self._given_devices is not None else default_devices(count)
+        if len(devices) < count:
+            raise PipelineError(f"{len(devices)} devices given for {count} devices per replica")
+        self.devices = devices[:count]
+        self._device_locks = [threading.Lock() for _ in range(count)]
+        self.threads_per_device = self._threads or max(1, torch.get_num_threads() // count)
 
     # -- public interface -------------------------------------------------------------
     def plan(self, num_inputs: int) -> StagePlan:
         """The stage plan for micro-batches of ``num_inputs`` tensors (traced once)."""
         key = (num_inputs, self.model.training)
         if key not in self._plans:
-            plan = build_plan(self.model, self.strategy, num_inputs, self.num_devices)
+            limit = self.num_devices if self.num_devices is not None else sys.maxsize
+            plan = build_plan(self.model, self.strategy, num_inputs, limit)
+            self._set_devices(max(s.ipu_id for s in plan.stages) + 1)
             for spec in plan.active():
                 device = self.devices[spec.ipu_id]
                 if device.type != "cpu":
@@ -362,10 +434,12 @@ class StageRunner:
         return self._streams[ipu_id]
 
     def _record(self, spec: StageSpec, kind: str, m: int, start: float) -> None:
-        if self.profile:
-            self.events.append(
-                StageEvent(spec.index, spec.ipu_id, kind, m, start, time.perf_counter())
-            )
+        if self.profile or _recorders:
+            event = StageEvent(spec.index, spec.ipu_id, kind, m, start, time.perf_counter())
+            if self.profile:
+                self.events.append(event)
+            for recorder in list(_recorders):
+                recorder.append(event)
 
     def _assemble(
         self,

@@ -23,7 +23,7 @@ from popdist_torch._blocks import (
     check_accumulation,
     has_block_annotations,
 )
-from popdist_torch._schedule import StageEvent, StageRunner
+from popdist_torch._schedule import StageEvent, StageRunner, chrome_trace, record_schedule
 
 __all__ = [
     "BeginBlock",
@@ -35,5 +35,7 @@ __all__ = [
     "StageEvent",
     "StageRunner",
     "check_accumulation",
+    "chrome_trace",
     "has_block_annotations",
+    "record_schedule",
 ]

@@ -20,7 +20,9 @@ from popdist_torch.pipeline import (
     Stage,
     StageRunner,
     check_accumulation,
+    chrome_trace,
     has_block_annotations,
+    record_schedule,
 )
 
 pytestmark = pytest.mark.unit
@@ -390,3 +392,27 @@ def test_bad_annotation_arguments() -> None:
         PipelinedExecution(3)  # type: ignore[arg-type]
     with pytest.raises(PipelineError, match="schedule='zigzag'"):
         PipelinedExecution(schedule="zigzag")  # type: ignore[arg-type]
+
+
+def test_devices_default_to_what_the_stages_use() -> None:
+    runner = StageRunner(ContextNet(), STRATEGIES["pipelined-1f1b"](), num_devices=None)
+    runner.forward_backward(micro_batches(3))
+    assert runner.devices == [torch.device("cpu")] * 3
+    assert runner.threads_per_device == max(1, torch.get_num_threads() // 3)
+
+
+def test_record_schedule_and_chrome_trace() -> None:
+    runner = StageRunner(BeginNet(), PipelinedExecution("B1", "B2", "B3"), num_devices=3)
+    runner.forward_backward(micro_batches(3))  # outside: not recorded
+    with record_schedule() as events:
+        runner.forward_backward(micro_batches(3))
+    runner.forward_backward(micro_batches(3))
+    assert len(events) == 3 * 3 * 2
+    trace = chrome_trace(events)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == len(events)
+    assert min(e["ts"] for e in spans) == 0.0
+    assert {(e["pid"], e["tid"]) for e in spans} == {(0, 0), (1, 1), (2, 2)}
+    assert {e["name"] for e in spans if e["tid"] == 2} == {"F0", "F1", "F2", "B0", "B1", "B2"}
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert names == {"device 0", "device 1", "device 2", "stage 0", "stage 1", "stage 2"}
