@@ -1,0 +1,310 @@
+"""Which samples each process reads: the pure arithmetic of distributed data loading.
+
+Two orders are offered:
+
+* **PopTorch's** (:func:`poptorch_shard`, :func:`process_indices`): the dataset is cut into
+  one contiguous block per process, ``[p0 p0 … p1 p1 … p2 …]``, exactly as PopTorch's
+  distributed ``DataLoader`` does. With ``drop_last`` every block holds the same whole
+  number of combined batches (an unequal count would hang the collectives); the samples
+  that do not fit (the *leftovers*) are used on alternate epochs by shifting every block
+  by their count. Shuffling draws one seeded permutation of the *whole* dataset per epoch,
+  identical on every process, and the blocks are cut from it.
+* **Topology-invariant** (:func:`topology_invariant_indices`): global step ``s`` uses the
+  samples ``[s*G, (s+1)*G)`` of the (permuted) order, laid out as
+  ``[device_iteration, accumulation, global_replica, micro_batch]``; each process takes its
+  global replicas. Global replica ``r`` then sees the same samples at the same step whatever
+  the split of the replicas into processes × local replicas, so a run can be re-shaped
+  without changing its numerics.
+
+Everything here is stdlib-only and side-effect free; the permutation is derived from
+``(seed, epoch)`` with :class:`random.Random`, so it is the same on every process and every
+platform. Bad arguments raise :class:`ShardingError` (both a :class:`PopdistError` and a
+:class:`ValueError`) naming the argument and its value.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from popdist.env import PopdistError
+
+__all__ = [
+    "Shard",
+    "ShardingError",
+    "combined_batch_size",
+    "epoch_permutation",
+    "global_batch_size",
+    "poptorch_shard",
+    "process_indices",
+    "topology_invariant_indices",
+    "worker_shard",
+]
+
+
+class ShardingError(PopdistError, ValueError):
+    """A sharding argument out of range; the message names it, its value and the fix."""
+
+
+def _positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ShardingError(f"{name}={value!r}: expected an integer >= 1")
+    return value
+
+
+def _non_negative(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ShardingError(f"{name}={value!r}: expected an integer >= 0")
+    return value
+
+
+def _index(name: str, value: int, count_name: str, count: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
+        raise ShardingError(
+            f"{name}={value!r}: expected an integer in [0, {count}) ({count_name}={count})"
+        )
+    return value
+
+
+def combined_batch_size(
+    batch_size: int,
+    device_iterations: int = 1,
+    local_replicas: int = 1,
+    gradient_accumulation: int = 1,
+) -> int:
+    """Samples one instance's DataLoader yields per call (PopTorch's ``combinedBatchSize``).
+
+    ``batch_size`` is the micro-batch (one replica's batch); ``local_replicas`` is the
+    replicas of this instance (PopTorch's ``replicationFactor``), not the total.
+    """
+    return (
+        _positive("batch_size", batch_size)
+        * _positive("device_iterations", device_iterations)
+        * _positive("local_replicas", local_replicas)
+        * _positive("gradient_accumulation", gradient_accumulation)
+    )
+
+
+def global_batch_size(
+    micro_batch_size: int,
+    local_replicas: int = 1,
+    gradient_accumulation: int = 1,
+    num_instances: int = 1,
+) -> int:
+    """Samples per weight update over all instances: micro × local replicas × GA × instances."""
+    return (
+        _positive("micro_batch_size", micro_batch_size)
+        * _positive("local_replicas", local_replicas)
+        * _positive("gradient_accumulation", gradient_accumulation)
+        * _positive("num_instances", num_instances)
+    )
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One process's contiguous block of the dataset (PopTorch's ``_SubDataset``)."""
+
+    offset: int
+    """First index of the block on even epochs (the base offset)."""
+    length: int
+    """Samples in the block."""
+    leftovers: int
+    """With ``drop_last``: ``num_samples % length``, the shift of odd epochs; else 0."""
+
+
+def poptorch_shard(
+    num_samples: int,
+    combined_batch_size: int,
+    num_processes: int,
+    process_id: int,
+    drop_last: bool = True,
+) -> Shard:
+    """This process's block, with PopTorch's arithmetic.
+
+    With ``drop_last`` every process gets ``combined * (N // (combined * P))`` samples, so
+    all read the same number of whole combined batches. Without it the N samples are split
+    as evenly as possible (the first ``N % P`` processes get one more) and the last batch
+    of a process may be partial.
+    """
+    n = _non_negative("num_samples", num_samples)
+    step = _positive("combined_batch_size", combined_batch_size)
+    procs = _positive("num_processes", num_processes)
+    pid = _index("process_id", process_id, "num_processes", procs)
+    if drop_last:
+        per_proc = step * (n // (step * procs))
+        if per_proc == 0:
+            raise ShardingError(
+                f"num_samples={n} is fewer than one combined batch per process "
+                f"(combined_batch_size={step} × num_processes={procs} = {step * procs}); "
+                f"with drop_last=True every process would read nothing: use a smaller batch, "
+                f"fewer replicas or instances, or drop_last=False"
+            )
+        return Shard(offset=pid * per_proc, length=per_proc, leftovers=n % per_proc)
+    base, extra = divmod(n, procs)
+    return Shard(offset=pid * base + min(pid, extra), length=base + (pid < extra), leftovers=0)
+
+
+@functools.lru_cache(maxsize=4)
+def _permutation(num_samples: int, seed: int, epoch: int) -> tuple[int, ...]:
+    import random  # lazy: keeps ``import popdist`` cheap
+
+    order = list(range(num_samples))
+    # A str seed is hashed with SHA-512 by Random (version 2 seeding): deterministic across
+    # processes, interpreters and PYTHONHASHSEED, and distinct for every (seed, epoch).
+    random.Random(f"popdist:{seed}:{epoch}").shuffle(order)
+    return tuple(order)
+
+
+def epoch_permutation(num_samples: int, seed: int, epoch: int) -> list[int]:
+    """The seeded permutation of ``range(num_samples)`` for ``epoch``, the same on every process.
+
+    A pure function of ``(num_samples, seed, epoch)``: a new order every epoch, and a restarted
+    run (or a late-joining process) can recompute any epoch's order without replaying the
+    previous ones.
+    """
+    n = _non_negative("num_samples", num_samples)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ShardingError(f"seed={seed!r}: expected an integer")
+    e = _non_negative("epoch", epoch)
+    return list(_permutation(n, seed, e))
+
+
+def _order(num_samples: int, seed: int | None, epoch: int) -> Sequence[int]:
+    if seed is None:
+        # One process, no seed: a fresh shuffle, as torch's RandomSampler would draw.
+        import random
+
+        order = list(range(num_samples))
+        random.shuffle(order)
+        return order
+    return _permutation(num_samples, seed, epoch)
+
+
+def _check_shuffle_seed(shuffle: bool, seed: int | None, num_processes: int) -> None:
+    if shuffle and seed is None and num_processes > 1:
+        raise ShardingError(
+            f"shuffle=True with num_processes={num_processes} needs a seed (seed=None): set "
+            f"poptorch.Options.randomSeed() so that every process draws the same permutation"
+        )
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ShardingError(f"seed={seed!r}: expected an integer or None")
+
+
+def _rotates(shuffle: bool, num_processes: int, rotate_leftovers: bool | None) -> bool:
+    # PopTorch shifts the blocks by the leftovers only in its distributed shuffling path
+    # (``_SubDataset.swap_range`` next to ``shuffle_global_indices``); ``rotate_leftovers``
+    # asks for the shift explicitly, e.g. to use every sample without shuffling.
+    return shuffle and num_processes > 1 if rotate_leftovers is None else rotate_leftovers
+
+
+def process_indices(
+    num_samples: int,
+    combined_batch_size: int,
+    num_processes: int,
+    process_id: int,
+    *,
+    drop_last: bool = True,
+    shuffle: bool = False,
+    seed: int | None = None,
+    epoch: int = 0,
+    rotate_leftovers: bool | None = None,
+) -> list[int]:
+    """The dataset indices this process reads in ``epoch``, in order (PopTorch's order).
+
+    The block of :func:`poptorch_shard`, shifted by its leftovers on odd epochs when the
+    leftovers rotate (by default: when shuffling over more than one process, as PopTorch
+    does), and read through :func:`epoch_permutation` when ``shuffle``. With
+    ``drop_last`` the length is a whole number of combined batches.
+    """
+    shard = poptorch_shard(num_samples, combined_batch_size, num_processes, process_id, drop_last)
+    _check_shuffle_seed(shuffle, seed, num_processes)
+    e = _non_negative("epoch", epoch)
+    offset = shard.offset
+    if _rotates(shuffle, num_processes, rotate_leftovers) and e % 2 == 1:
+        offset += shard.leftovers
+    stop = offset + shard.length
+    if not shuffle:
+        return list(range(offset, stop))
+    return list(_order(num_samples, seed, e)[offset:stop])
+
+
+def topology_invariant_indices(
+    num_samples: int,
+    *,
+    micro_batch_size: int,
+    device_iterations: int,
+    gradient_accumulation: int,
+    local_replicas: int,
+    num_processes: int,
+    process_id: int,
+    shuffle: bool = False,
+    seed: int | None = None,
+    epoch: int = 0,
+    drop_last: bool = True,
+    rotate_leftovers: bool | None = None,
+) -> list[int]:
+    """This process's samples in an order that does not depend on the replica split.
+
+    With ``G = micro × DI × GA × local_replicas × num_processes``, global step ``s`` uses
+    positions ``[s*G, (s+1)*G)`` of the (permuted) order, laid out as
+    ``[device_iteration, accumulation, global_replica, micro_batch]``; this process owns the
+    global replicas ``[process_id*local_replicas, (process_id+1)*local_replicas)``. The
+    result is this process's combined batches concatenated, each in the executor's layout
+    ``[device_iteration, accumulation, local_replica, micro_batch]``.
+
+    Only whole global steps are read: with ``drop_last=False`` the dataset must hold a whole
+    number of them. The ``N % G`` left-over positions are used on odd epochs (by default when
+    shuffling, whatever the number of processes; ``rotate_leftovers`` decides explicitly).
+    """
+    n = _non_negative("num_samples", num_samples)
+    micro = _positive("micro_batch_size", micro_batch_size)
+    di = _positive("device_iterations", device_iterations)
+    ga = _positive("gradient_accumulation", gradient_accumulation)
+    local = _positive("local_replicas", local_replicas)
+    procs = _positive("num_processes", num_processes)
+    pid = _index("process_id", process_id, "num_processes", procs)
+    _check_shuffle_seed(shuffle, seed, procs)
+    e = _non_negative("epoch", epoch)
+    replicas = local * procs
+    g = micro * di * ga * replicas
+    steps, leftovers = divmod(n, g)
+    if steps == 0:
+        raise ShardingError(
+            f"num_samples={n} is fewer than one global step (micro_batch_size={micro} × "
+            f"device_iterations={di} × gradient_accumulation={ga} × {replicas} replicas = {g}): "
+            f"use a smaller batch or fewer replicas"
+        )
+    if leftovers and not drop_last:
+        raise ShardingError(
+            f"num_samples={n} is not a multiple of the global step size {g} and drop_last=False: "
+            f"the topology-invariant order reads whole global steps only; use drop_last=True"
+        )
+    # The default shift depends on ``shuffle`` only, never on the split, to stay invariant.
+    rotate = shuffle if rotate_leftovers is None else rotate_leftovers
+    base = leftovers if rotate and e % 2 == 1 else 0
+    order: Sequence[int] = _order(n, seed, e) if shuffle else range(n)
+    width = local * micro  # this process's contiguous run within one (di, ga) slot
+    row = replicas * micro  # one (di, ga) slot over all replicas
+    out: list[int] = []
+    for step in range(steps):
+        start = base + step * g + pid * width
+        for slot in range(di * ga):
+            first = start + slot * row
+            out.extend(order[first : first + width])
+    return out
+
+
+def worker_shard(
+    instance_index: int, num_instances: int, worker_id: int, num_workers: int
+) -> tuple[int, int]:
+    """``(shard_index, num_shards)`` of a DataLoader worker reading an IterableDataset.
+
+    Shards are numbered worker-major within an instance: ``worker_id + num_workers *
+    instance_index`` of ``num_workers * num_instances``, as Graphcore's BERT example does.
+    """
+    instances = _positive("num_instances", num_instances)
+    workers = _positive("num_workers", num_workers)
+    instance = _index("instance_index", instance_index, "num_instances", instances)
+    worker = _index("worker_id", worker_id, "num_workers", workers)
+    return worker + workers * instance, workers * instances
