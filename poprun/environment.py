@@ -1,0 +1,64 @@
+"""The environment (pure): what each instance gets and what mpirun itself runs with.
+
+The user's environment is forwarded *by name* (``-x NAME``; mpirun reads the value from its
+own environment, so spaces and quotes survive), except a small denylist. The PopDist
+contract (``popdist.env``) is exported per instance inside its own app context.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from popdist import env as contract
+from poprun.config import RunConfig
+from poprun.topology import InstancePlan
+
+#: Never forwarded: shell functions, the shell's bookkeeping, the launcher's own variables
+#: (mpirun sets OMPI_*/PMIX_*; poprun sets POPDIST_* per instance).
+DENY_PREFIXES: tuple[str, ...] = ("BASH_FUNC_", "OMPI_", "PMIX_", "POPDIST_")
+DENY_NAMES = frozenset({"OLDPWD", "_", "PWD", "SHLVL"})
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+#: Set for every instance so that Python output streams live, not at exit.
+UNBUFFERED = "PYTHONUNBUFFERED"
+
+
+def forwarded_names(environ: Mapping[str, str]) -> list[str]:
+    """The user's variables to export by name, sorted."""
+    return sorted(
+        name
+        for name in environ
+        if _NAME.match(name) and name not in DENY_NAMES and not name.startswith(DENY_PREFIXES)
+    )
+
+
+def shared_values(config: RunConfig) -> dict[str, str]:
+    """Values identical for every instance, exported by name from mpirun's own environment."""
+    values = {UNBUFFERED: "1"}
+    if config.executable_cache_path:
+        values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
+    return values
+
+
+def instance_values(config: RunConfig, plan: InstancePlan) -> dict[str, str]:
+    """The contract values of one instance (plain integers and a host name)."""
+    values = contract.instance_environment(
+        num_total_replicas=config.num_replicas,
+        num_ipus_per_replica=config.ipus_per_replica,
+        num_instances=config.num_instances,
+        instance_index=plan.index,
+        local_instance_index=plan.local_index,
+        num_local_instances=plan.num_local_instances,
+        host=plan.host,
+        offline_mode=config.offline_mode,
+    )
+    values.pop(contract.EXECUTABLE_CACHE_PATH, None)  # shared: goes by name
+    return values
+
+
+def mpirun_environment(config: RunConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """mpirun's own environment: the user's, plus the shared values it exports by name."""
+    env = {k: v for k, v in environ.items() if not k.startswith("POPDIST_")}
+    env.update(shared_values(config))
+    return env

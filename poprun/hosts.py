@@ -1,0 +1,122 @@
+"""Host lists: ``-H a,b``, ranges ``node[0-2,4]`` and host files (one a line, ``#`` comments)."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+from poprun.errors import PoprunError
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets: ``a[0-1,3],b`` → ``['a[0-1,3]', 'b']``."""
+    parts: list[str] = []
+    depth = 0
+    current = ""
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return parts
+
+
+def _expand(item: str, option: str) -> list[str]:
+    fix = "write hosts as name or prefix[0-3,5] with ascending ranges, e.g. -H node[0-1],gpu7"
+    match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]*)\]([^\[\]]*)", item)
+    if match is None:
+        if "[" in item or "]" in item:
+            raise PoprunError(option, item, "unbalanced or nested brackets in the host range", fix)
+        if not _NAME.match(item):
+            raise PoprunError(
+                option,
+                item,
+                "not a host name (letters, digits, '.', '-', '_'; poprun computes slots itself)",
+                fix,
+            )
+        return [item]
+    prefix, ranges, suffix = match.groups()
+    hosts: list[str] = []
+    for part in ranges.split(","):
+        rng = _RANGE.match(part.strip())
+        if rng is None:
+            raise PoprunError(option, item, f"range part {part!r} is not N or N-M", fix)
+        first, last = rng.group(1), rng.group(2) or rng.group(1)
+        if int(last) < int(first):
+            raise PoprunError(option, item, f"range {part} runs backwards", fix)
+        width = len(first) if first.startswith("0") and len(first) > 1 else 0
+        hosts.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(first), int(last) + 1))
+    for host in hosts:
+        if not _NAME.match(host):
+            raise PoprunError(option, item, f"{host!r} is not a valid host name", fix)
+    return hosts
+
+
+def parse_host_list(values: list[str] | tuple[str, ...], option: str = "--host") -> tuple[str, ...]:
+    """Expand every ``-H`` value into host names, refusing empty entries and duplicates."""
+    hosts: list[str] = []
+    for value in values:
+        for item in _split_top_level(value.strip()):
+            item = item.strip()
+            if not item:
+                raise PoprunError(
+                    option, value, "empty host name in the list", "remove the extra comma"
+                )
+            hosts.extend(_expand(item, option))
+    _refuse_duplicates(hosts, option)
+    return tuple(hosts)
+
+
+def parse_host_file(path: str) -> tuple[str, ...]:
+    """Read one host (or range) a line; ``#`` starts a comment; blank lines are skipped."""
+    option = "--host-file"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as error:
+        raise PoprunError(
+            option, path, f"cannot read it ({error.strerror})", "give a readable file path"
+        ) from None
+    except UnicodeDecodeError:
+        raise PoprunError(option, path, "is not UTF-8 text", "list one host name a line") from None
+    hosts: list[str] = []
+    for line in text.splitlines():
+        entry = line.split("#", 1)[0].strip()
+        if entry:
+            hosts.extend(_expand(entry, option))
+    if not hosts:
+        raise PoprunError(
+            option, path, "lists no hosts", "put one host a line (lines starting '#' are comments)"
+        )
+    _refuse_duplicates(hosts, option, path)
+    return tuple(hosts)
+
+
+def _refuse_duplicates(hosts: list[str], option: str, value: str | None = None) -> None:
+    seen: set[str] = set()
+    for host in hosts:
+        if host in seen:
+            raise PoprunError(
+                option,
+                value if value is not None else host,
+                f"host {host!r} is listed twice",
+                "list each host once; poprun divides the instances evenly over the hosts",
+            )
+        seen.add(host)
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` names the machine poprun runs on."""
+    if host in {"localhost", "127.0.0.1", "::1"}:
+        return True
+    name = socket.gethostname()
+    return host in {name, name.split(".", 1)[0]}

@@ -1,0 +1,104 @@
+"""The mpirun command (pure): one MPMD app context per instance, as an argv list.
+
+Shape::
+
+    mpirun --tag-output --bind-to none [--allow-run-as-root] [--oversubscribe]
+           [--mca btl_tcp_if_include S --mca oob_tcp_if_include S] <--mpi-global-args>
+           -x NAME ...                                   (forwarded by name, every instance)
+           -np 1 [-H host:k] -x POPDIST_...=v ... <local args> WRAPPER [numactl ...] program args
+           : -np 1 ...                                   (one context per instance)
+
+``WRAPPER`` is ``/bin/sh -c 'printf ... >&2; exec "$@"' poprun-instance``: it reports the
+instance's pid as the first line of its stderr (poprun strips it) and then *becomes* the
+program, so the program's argv is untouched and its pid is the one reported.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+
+from poprun.config import RunConfig
+from poprun.environment import instance_values, shared_values
+from poprun.errors import PoprunError
+from poprun.topology import Topology
+
+#: The first line each instance writes to its stderr, before exec'ing the program.
+PID_MARKER = b"\x1fpoprun-pid="
+WRAPPER: tuple[str, ...] = (
+    "/bin/sh",
+    "-c",
+    'printf "\\037poprun-pid=%d\\n" "$$" >&2; exec "$@"',
+    "poprun-instance",
+)
+_BINDING_FLAGS = frozenset({"--bind-to", "-bind-to"})
+
+
+def find_mpirun(environ: Mapping[str, str]) -> str:
+    """The mpirun on PATH, or a usage error saying how to get one."""
+    path = shutil.which("mpirun", path=environ.get("PATH", os.defpath))
+    if path is None:
+        raise PoprunError(
+            "mpirun",
+            None,
+            "is not on PATH",
+            "install Open MPI (apt-get install openmpi-bin) or add its bin directory to PATH",
+        )
+    return path
+
+
+def build_argv(
+    config: RunConfig,
+    topology: Topology,
+    *,
+    mpirun: str,
+    forwarded: Sequence[str],
+    is_root: bool,
+    local_cpus: int,
+    numactl: str | None = None,
+    local_hosts: frozenset[str] = frozenset({"localhost"}),
+) -> list[str]:
+    """The exact mpirun argv for this run (golden-tested)."""
+    user_global = config.global_args()
+    argv = [mpirun, "--tag-output"]
+    if not _BINDING_FLAGS.intersection(user_global):
+        argv += ["--bind-to", "none"]
+    if is_root or config.allow_run_as_root:
+        argv.append("--allow-run-as-root")
+    if not topology.explicit_hosts and config.num_instances > local_cpus:
+        argv.append("--oversubscribe")  # -H host:k contexts carry their own slot counts
+    if config.host_subnet:
+        argv += ["--mca", "btl_tcp_if_include", config.host_subnet]
+        argv += ["--mca", "oob_tcp_if_include", config.host_subnet]
+    argv += user_global
+    names = sorted({*forwarded, *shared_values(config)})
+    for name in names:
+        argv += ["-x", name]
+    for plan in topology.instances:
+        if plan.index:
+            argv.append(":")
+        argv += ["-np", "1"]
+        if topology.explicit_hosts:
+            argv += ["-H", f"{plan.host}:{plan.num_local_instances}"]
+        for name, value in instance_values(config, plan).items():
+            argv += ["-x", f"{name}={value}"]
+        argv += config.local_args(plan.index)
+        argv += WRAPPER
+        if plan.numa_nodes and numactl:
+            nodes = ",".join(map(str, plan.numa_nodes))
+            argv += [numactl, f"--cpunodebind={nodes}", f"--membind={nodes}"]
+        argv += config.program
+    return argv
+
+
+def numa_counts(topology: Topology, local_count: int) -> dict[str, int]:
+    """NUMA node counts per host: measured here, assumed the same on remote hosts."""
+    return {host: local_count for host in topology.hosts}
+
+
+def quote(argv: Sequence[str]) -> str:
+    """The argv as one shell-quoted line, for logs and ``--dry-run``."""
+    import shlex
+
+    return " ".join(shlex.quote(arg) for arg in argv)

@@ -1,0 +1,131 @@
+"""mpirun's own messages → the first failing instance; and poprun's root-cause report.
+
+mpirun prints its diagnostics in boxes of dashes. poprun reads the ones that name the first
+failing process (exit code or signal) and prints its own report instead: which instance,
+host, pid, exit code or signal, and the last lines of that instance's stderr.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+
+_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)", re.S)
+_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on\s+node \S+ exiting improperly")
+_ABORTING = ("Primary job  terminated normally", "Primary job terminated normally")
+_BOX = "-" * 20
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first instance mpirun saw fail."""
+
+    instance: int
+    exit_code: int | None = None
+    signal: int | None = None
+
+    @property
+    def poprun_exit_code(self) -> int:
+        """The code poprun exits with: the instance's own, or 128+N for signal N."""
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.exit_code if self.exit_code is not None else 1
+
+    def describe(self) -> str:
+        """``exit code 3`` or ``signal 9 (SIGKILL)``."""
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = "unknown"
+            return f"killed by signal {self.signal} ({name})"
+        if self.exit_code is not None:
+            return f"exit code {self.exit_code}"
+        return "exited without finishing MPI (MPI_Finalize not called)"
+
+
+class MpirunMessages:
+    """Collect mpirun's untagged output; recognise failure boxes; pass the rest through."""
+
+    def __init__(self) -> None:
+        self.failure: Failure | None = None
+        self.aborting = False
+        self.other: list[str] = []
+        self._box: list[str] | None = None
+
+    def feed_line(self, line: str) -> list[str]:
+        """Take one line of mpirun's own text; return lines to show the user now."""
+        stripped = line.rstrip("\n")
+        if self._box is None:
+            if stripped.startswith(_BOX) and set(stripped) == {"-"}:
+                self._box = []
+                return []
+            if self._classify(stripped):
+                return []
+            self.other.append(stripped)
+            return [stripped]
+        if stripped.startswith(_BOX) and set(stripped) == {"-"}:
+            text = "\n".join(self._box)
+            self._box = None
+            if self._classify(text):
+                return []
+            self.other.append(text)
+            return [_BOX * 3, text, _BOX * 3]
+        self._box.append(stripped)
+        return []
+
+    def finish(self) -> list[str]:
+        """Anything left in an unterminated box."""
+        if self._box:
+            text = "\n".join(self._box)
+            self._box = None
+            if not self._classify(text):
+                return [text]
+        return []
+
+    def _classify(self, text: str) -> bool:
+        """Record failure information; True when ``text`` is one of mpirun's failure notes."""
+        recognised = False
+        if any(phrase in text for phrase in _ABORTING):
+            self.aborting = True
+            recognised = True
+        for pattern, kind in ((_EXIT, "exit"), (_SIGNAL, "signal"), (_IMPROPER, "improper")):
+            match = pattern.search(text)
+            if match is None:
+                continue
+            recognised = True
+            self.aborting = True
+            if self.failure is not None:
+                continue
+            rank = int(match.group(1))
+            if kind == "exit":
+                self.failure = Failure(rank, exit_code=int(match.group(2)))
+            elif kind == "signal":
+                self.failure = Failure(rank, signal=int(match.group(2)))
+            else:
+                self.failure = Failure(rank)
+        if "mpirun noticed" in text or "mpirun detected" in text:
+            recognised = True
+        return recognised
+
+
+def failure_report(
+    failure: Failure,
+    *,
+    host: str,
+    pid: int | None,
+    tail: list[str],
+    exit_code: int,
+) -> str:
+    """The root-cause report printed when an instance fails."""
+    where = f"host {host}, pid {pid if pid is not None else 'unknown'}"
+    lines = [f"poprun: instance {failure.instance} failed first: {failure.describe()} ({where})"]
+    if tail:
+        lines.append(f"poprun: last {len(tail)} lines of instance {failure.instance}'s stderr:")
+        lines.extend(f"    {line}" for line in tail)
+    else:
+        lines.append(f"poprun: instance {failure.instance} wrote nothing to stderr")
+    lines.append(f"poprun: ended every other instance of the job; exit code {exit_code}")
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""The run's topology (pure): hosts → instances → replicas → devices, and NUMA placement."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from poprun.config import RunConfig
+
+LOCALHOST = "localhost"
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """Where one instance runs and what it owns."""
+
+    index: int
+    host: str
+    local_index: int
+    num_local_instances: int
+    replica_offset: int
+    num_local_replicas: int
+    ipus_per_replica: int
+    numa_nodes: tuple[int, ...] = ()
+
+    @property
+    def replicas(self) -> range:
+        """Global indices of this instance's replicas."""
+        return range(self.replica_offset, self.replica_offset + self.num_local_replicas)
+
+    @property
+    def devices(self) -> range:
+        """Global indices of this instance's devices (replica r owns r*ipr ... (r+1)*ipr-1)."""
+        first = self.replica_offset * self.ipus_per_replica
+        return range(first, first + self.num_local_replicas * self.ipus_per_replica)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Every instance's plan, in instance order."""
+
+    hosts: tuple[str, ...]
+    instances: tuple[InstancePlan, ...]
+    explicit_hosts: bool
+
+    def on_host(self, host: str) -> list[InstancePlan]:
+        """The instances placed on ``host``."""
+        return [plan for plan in self.instances if plan.host == host]
+
+
+def spread_numa(local_index: int, num_local: int, num_nodes: int) -> tuple[int, ...]:
+    """This instance's share of ``num_nodes`` NUMA nodes (contiguous blocks; shared if fewer nodes)."""
+    if num_nodes <= 1:
+        return ()
+    if num_local <= num_nodes:
+        first = local_index * num_nodes // num_local
+        last = (local_index + 1) * num_nodes // num_local
+        return tuple(range(first, last))
+    return (local_index * num_nodes // num_local,)
+
+
+def plan(config: RunConfig, numa_nodes: Mapping[str, int] | None = None) -> Topology:
+    """Divide instances evenly over hosts, filling host by host; replicas contiguously.
+
+    ``numa_nodes`` gives each host's NUMA node count (missing: one node, nothing to bind).
+    """
+    hosts = config.hosts or (LOCALHOST,)
+    per_host = config.num_instances // len(hosts)
+    local_replicas = config.num_local_replicas
+    instances = []
+    for index in range(config.num_instances):
+        host = hosts[index // per_host]
+        local_index = index % per_host
+        nodes = (numa_nodes or {}).get(host, 1)
+        numa = (
+            spread_numa(local_index, per_host, nodes)
+            if config.process_placement == "spreadnuma"
+            else ()
+        )
+        instances.append(
+            InstancePlan(
+                index=index,
+                host=host,
+                local_index=local_index,
+                num_local_instances=per_host,
+                replica_offset=index * local_replicas,
+                num_local_replicas=local_replicas,
+                ipus_per_replica=config.ipus_per_replica,
+                numa_nodes=numa,
+            )
+        )
+    return Topology(hosts=hosts, instances=tuple(instances), explicit_hosts=bool(config.hosts))
+
+
+def local_numa_node_count() -> int:
+    """NUMA nodes with CPUs on this machine (1 when the kernel does not say)."""
+    try:
+        names = os.listdir("/sys/devices/system/node")
+    except OSError:
+        return 1
+    nodes = [n for n in names if n.startswith("node") and n[4:].isdigit()]
+    count = 0
+    for node in nodes:
+        try:
+            with open(f"/sys/devices/system/node/{node}/cpulist") as handle:
+                if handle.read().strip():
+                    count += 1
+        except OSError:
+            continue
+    return max(count, 1)
+
+
+def _ranges(values: range | tuple[int, ...]) -> str:
+    items = list(values)
+    if not items:
+        return "-"
+    if len(items) == 1:
+        return str(items[0])
+    return f"{items[0]}-{items[-1]}"
+
+
+def render(topology: Topology) -> str:
+    """A table of hosts, instances, replicas and devices for ``--print-topology``."""
+    header = ("host", "instance", "local", "replicas", "devices", "numa")
+    rows = [
+        (
+            plan.host,
+            str(plan.index),
+            str(plan.local_index),
+            _ranges(plan.replicas),
+            _ranges(plan.devices),
+            ",".join(map(str, plan.numa_nodes)) or "-",
+        )
+        for plan in topology.instances
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def fmt(row: tuple[str, ...]) -> str:
+        return "| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) + " |"
+
+    first = topology.instances[0]
+    total = len(topology.instances) * first.num_local_replicas
+    title = (
+        f"poprun topology: {len(topology.hosts)} host(s), {len(topology.instances)} instance(s), "
+        f"{total} replica(s), {first.ipus_per_replica} device(s) per replica"
+    )
+    return "\n".join([title, line, fmt(header), line, *map(fmt, rows), line])

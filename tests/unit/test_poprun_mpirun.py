@@ -1,0 +1,199 @@
+"""Golden tests of the mpirun argv, and the topology behind it."""
+
+from __future__ import annotations
+
+import pytest
+
+from poprun import config as cfg
+from poprun.mpirun import WRAPPER, build_argv
+from poprun.topology import plan, spread_numa
+
+pytestmark = pytest.mark.unit
+
+ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "BASH_FUNC_f%%": "() { :; }", "OMPI_X": "1"}
+
+
+def _config(**cli: object) -> cfg.RunConfig:
+    program = tuple(cli.pop("program", ("/bin/true",)))  # type: ignore[arg-type]
+    return cfg.build(cli, program, ENV)
+
+
+def _argv(config: cfg.RunConfig, numa: dict[str, int] | None = None, **kw: object) -> list[str]:
+    options: dict[str, object] = {
+        "mpirun": "mpirun",
+        "forwarded": ["HOME", "PATH"],
+        "is_root": False,
+        "local_cpus": 2,
+        "numactl": "numactl",
+    }
+    options.update(kw)
+    return build_argv(config, plan(config, numa), **options)  # type: ignore[arg-type]
+
+
+def _ctx(**values: object) -> list[str]:
+    out = []
+    for name in (
+        "NUM_TOTAL_REPLICAS",
+        "NUM_IPUS_PER_REPLICA",
+        "NUM_LOCAL_REPLICAS",
+        "UNIFORM_REPLICAS_PER_INSTANCE",
+        "REPLICA_INDEX_OFFSET",
+        "LOCAL_INSTANCE_INDEX",
+        "NUM_INSTANCES",
+        "INSTANCE_INDEX",
+        "NUM_LOCAL_INSTANCES",
+        "HOST",
+    ):
+        out += ["-x", f"POPDIST_{name}={values[name.lower()]}"]
+    return out
+
+
+HEAD = ["mpirun", "--tag-output", "--bind-to", "none"]
+FORWARD = ["-x", "HOME", "-x", "PATH", "-x", "PYTHONUNBUFFERED"]
+
+
+def _values(
+    total: int, ipr: int, instances: int, index: int, local: int, per_host: int, host: str
+) -> dict[str, object]:
+    return {
+        "num_total_replicas": total,
+        "num_ipus_per_replica": ipr,
+        "num_local_replicas": total // instances,
+        "uniform_replicas_per_instance": 1,
+        "replica_index_offset": index * (total // instances),
+        "local_instance_index": local,
+        "num_instances": instances,
+        "instance_index": index,
+        "num_local_instances": per_host,
+        "host": host,
+    }
+
+
+def test_one_by_one() -> None:
+    argv = _argv(_config(program=("sh", "train.sh", "--lr", "0.1")))
+    assert argv == [
+        *HEAD,
+        *FORWARD,
+        "-np",
+        "1",
+        *_ctx(**_values(1, 1, 1, 0, 0, 1, "localhost")),
+        *WRAPPER,
+        "sh",
+        "train.sh",
+        "--lr",
+        "0.1",
+    ]
+
+
+def test_four_replicas_on_two_instances_as_root() -> None:
+    argv = _argv(_config(num_replicas="4", num_instances="2"), is_root=True)
+    contexts = [
+        ["-np", "1", *_ctx(**_values(4, 1, 2, i, i, 2, "localhost")), *WRAPPER, "/bin/true"]
+        for i in range(2)
+    ]
+    assert argv == [*HEAD, "--allow-run-as-root", *FORWARD, *contexts[0], ":", *contexts[1]]
+
+
+def test_eight_replicas_on_four_instances_over_two_host_ranges() -> None:
+    config = _config(
+        num_replicas="8",
+        num_instances="4",
+        ipus_per_replica="2",
+        host=["node[0-1]"],
+        mpi_global_args=["--mca btl_tcp_if_include 'eth0'"],
+        process_placement="disabled",
+    )
+    argv = _argv(config)
+    expected = [*HEAD, "--mca", "btl_tcp_if_include", "eth0", *FORWARD]
+    for i in range(4):
+        host = f"node{i // 2}"
+        if i:
+            expected.append(":")
+        expected += ["-np", "1", "-H", f"{host}:2", *_ctx(**_values(8, 2, 4, i, i % 2, 2, host))]
+        expected += [*WRAPPER, "/bin/true"]
+    assert argv == expected
+
+
+def test_per_instance_local_args_keep_their_quoting() -> None:
+    config = _config(
+        num_replicas="2",
+        num_instances="2",
+        mpi_local_args=["-x A=1"],
+        instance_mpi_local_args=['1:-x B="two words"', "1:--wdir /tmp"],
+    )
+    argv = _argv(config)
+    colon = argv.index(":")
+    first, second = argv[:colon], argv[colon:]
+    assert first[first.index(WRAPPER[0]) - 2 : first.index(WRAPPER[0])] == ["-x", "A=1"]
+    start = second.index(WRAPPER[0]) - 6
+    assert second[start : start + 6] == ["-x", "A=1", "-x", "B=two words", "--wdir", "/tmp"]
+
+
+@pytest.mark.parametrize("placement", ["spreadnuma", "disabled"])
+def test_placement_on_and_off(placement: str) -> None:
+    config = _config(num_replicas="4", num_instances="4", process_placement=placement)
+    argv = _argv(config, numa={"localhost": 2})
+    assert "--oversubscribe" in argv  # 4 instances > 2 cpus
+    programs = [
+        argv[i + len(WRAPPER) :]
+        for i in range(len(argv))
+        if argv[i : i + len(WRAPPER)] == list(WRAPPER)
+    ]
+    tails = [p[: p.index(":")] if ":" in p else p for p in programs]
+    if placement == "spreadnuma":
+        assert tails == [
+            ["numactl", f"--cpunodebind={n}", f"--membind={n}", "/bin/true"] for n in (0, 0, 1, 1)
+        ]
+    else:
+        assert tails == [["/bin/true"]] * 4
+
+
+def test_user_binding_replaces_the_default() -> None:
+    argv = _argv(_config(mpi_global_args=["--bind-to core"]))
+    assert argv[:4] == ["mpirun", "--tag-output", "--bind-to", "core"]
+
+
+def test_host_subnet_maps_to_interface_selection() -> None:
+    argv = _argv(_config(host_subnet="10.5.0.0/16"))
+    assert argv[4:10] == [
+        "--mca",
+        "btl_tcp_if_include",
+        "10.5.0.0/16",
+        "--mca",
+        "oob_tcp_if_include",
+        "10.5.0.0/16",
+    ]
+
+
+def test_cache_path_goes_by_name() -> None:
+    argv = _argv(_config(executable_cache_path="/tmp/with space"))
+    assert argv[4:12] == [
+        "-x",
+        "HOME",
+        "-x",
+        "PATH",
+        "-x",
+        "POPDIST_EXECUTABLE_CACHE_PATH",
+        "-x",
+        "PYTHONUNBUFFERED",
+    ]
+    assert not any("with space" in a for a in argv)
+
+
+@pytest.mark.parametrize(
+    ("local", "count", "nodes", "expected"),
+    [(0, 1, 2, (0, 1)), (1, 2, 4, (2, 3)), (3, 4, 2, (1,)), (0, 2, 1, ())],
+)
+def test_spread_numa(local: int, count: int, nodes: int, expected: tuple[int, ...]) -> None:
+    assert spread_numa(local, count, nodes) == expected
+
+
+def test_topology_fills_host_by_host() -> None:
+    topo = plan(_config(num_replicas="8", num_instances="4", ipus_per_replica="2", host=["a,b"]))
+    assert [(p.host, p.local_index, p.replica_offset) for p in topo.instances] == [
+        ("a", 0, 0),
+        ("a", 1, 2),
+        ("b", 0, 4),
+        ("b", 1, 6),
+    ]
+    assert list(topo.instances[3].devices) == [12, 13, 14, 15]

@@ -1,0 +1,118 @@
+"""Output plumbing: mpirun's tag framing undone, lines re-prefixed, pid marker stripped."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from poprun.output import InstanceStream, LineSplitter, TagDemux
+from poprun.report import MpirunMessages
+
+pytestmark = pytest.mark.unit
+
+
+def _demux(chunks: list[bytes]) -> tuple[dict[tuple[int, str], bytes], bytes]:
+    got: dict[tuple[int, str], bytes] = {}
+    untagged: list[bytes] = []
+
+    def on_instance(rank: int, kind: str, data: bytes) -> None:
+        got[(rank, kind)] = got.get((rank, kind), b"") + data
+
+    demux = TagDemux(on_instance, untagged.append)
+    for chunk in chunks:
+        demux.feed(chunk)
+    demux.close()
+    return got, b"".join(untagged)
+
+
+# What Open MPI 4.1 wrote for two ranks each writing b"abc", b"def\nghi\rjkl", one byte
+# of "é", the other, then b"tail" (recorded from a real run).
+RECORDED = (
+    b"[1,0]<stdout>:abc[1,1]<stdout>:abc[1,0]<stdout>:def\n[1,0]<stdout>:ghi\rjkl"
+    b"[1,1]<stdout>:def\n[1,1]<stdout>:ghi\rjkl[1,0]<stdout>:\xc3[1,1]<stdout>:\xc3"
+    b"[1,0]<stdout>:\xa9\n[1,0]<stdout>:tail[1,1]<stdout>:\xa9\n[1,1]<stdout>:tail"
+)
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_recorded_stream_in_any_chunking(size: int) -> None:
+    chunks = [RECORDED[i : i + size] for i in range(0, len(RECORDED), size)]
+    got, untagged = _demux(chunks)
+    expected = "abcdef\nghi\rjklé\ntail".encode()
+    assert got == {(0, "stdout"): expected, (1, "stdout"): expected}
+    assert untagged == b""
+
+
+def test_mpirun_own_text_is_separated() -> None:
+    got, untagged = _demux([b"[1,0]<stderr>:boom\n-----\nPrimary job\n[1,1]<stderr>:x\n"])
+    assert got == {(0, "stderr"): b"boom\n", (1, "stderr"): b"x\n"}
+    assert untagged == b"-----\nPrimary job\n"
+
+
+def test_line_splitter_handles_cr_crlf_and_partial() -> None:
+    splitter = LineSplitter()
+    assert splitter.feed(b"10%\r20%\r") == [b"10%\r"]
+    assert splitter.feed(b"\nnext\r\nab") == [b"20%\r\n", b"next\r\n"]
+    assert splitter.flush() == b"ab"
+
+
+def test_instance_stream_prefixes_strips_marker_and_copies() -> None:
+    console, copy = io.BytesIO(), io.BytesIO()
+    pids: dict[int, int] = {}
+    stream = InstanceStream(2, "stderr", console, copy, on_pid=pids.__setitem__)  # type: ignore[arg-type]
+    for part in (b"\x1fpoprun-p", b"id=42\nfir", b"st\nprog 1\rprog 2\r", "é".encode()[:1]):
+        stream.feed(part)
+    stream.feed("é".encode()[1:] + b" no newline")
+    stream.close()
+    assert pids == {2: 42}
+    assert copy.getvalue() == "first\nprog 1\rprog 2\ré no newline".encode()
+    assert (
+        console.getvalue()
+        == (
+            "[1,2]<stderr>:first\n[1,2]<stderr>:prog 1\r[1,2]<stderr>:prog 2\r"
+            "[1,2]<stderr>:é no newline\n"
+        ).encode()
+    )
+    assert stream.tail_text() == ["first", "é no newline"]
+
+
+def test_stream_without_marker_is_untouched() -> None:
+    console = io.BytesIO()
+    stream = InstanceStream(0, "stderr", console, on_pid=lambda i, p: None)  # type: ignore[arg-type]
+    stream.feed(b"\x1fnot a marker\n")
+    stream.close()
+    assert console.getvalue() == b"[1,0]<stderr>:\x1fnot a marker\n"
+
+
+def test_failure_boxes_are_parsed_and_swallowed() -> None:
+    messages = MpirunMessages()
+    text = (
+        "-" * 74 + "\nPrimary job  terminated normally, but 1 process returned\n"
+        "a non-zero exit code. Per user-direction, the job has been aborted.\n"
+        + "-" * 74
+        + "\n"
+        + "-" * 74
+        + "\nmpirun detected that one or more processes exited with non-zero status\n\n"
+        "  Process name: [[30594,1],1]\n  Exit code:    3\n" + "-" * 74 + "\n"
+    )
+    shown = [line for raw in text.splitlines(keepends=True) for line in messages.feed_line(raw)]
+    assert shown == []
+    assert messages.failure is not None
+    assert (messages.failure.instance, messages.failure.exit_code) == (1, 3)
+
+
+def test_signal_message_and_unrelated_box() -> None:
+    messages = MpirunMessages()
+    messages.feed_line("-" * 74)
+    messages.feed_line(
+        "mpirun noticed that process rank 2 with PID 0 on node vm exited on signal 9 (Killed)."
+    )
+    messages.feed_line("-" * 74)
+    assert messages.failure is not None and messages.failure.poprun_exit_code == 137
+    shown = [
+        *messages.feed_line("-" * 74),
+        *messages.feed_line("Some other trouble"),
+        *messages.feed_line("-" * 74),
+    ]
+    assert "Some other trouble" in shown
