@@ -392,10 +392,16 @@ class StageRunner:
             )
             for spec in active
         ]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+        # torch.set_num_threads in a worker also changes process-wide state (MKL, the
+        # default for new threads), so the caller's setting is restored afterwards.
+        caller_threads = torch.get_num_threads()
+        try:
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+        finally:
+            torch.set_num_threads(caller_threads)
         if errors:
             raise errors[0]
         return [self._assemble(plan.output, outputs, m, micro_batches) for m in range(count)]

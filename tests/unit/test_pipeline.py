@@ -200,9 +200,14 @@ def test_unannotated_model_runs_as_one_stage() -> None:
 
 def test_torch_thread_count_of_the_caller_is_unchanged() -> None:
     before = torch.get_num_threads()
-    runner = StageRunner(BeginNet(), PipelinedExecution(), num_devices=2, threads_per_device=1)
-    runner.forward_backward(micro_batches(3))
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(2)
+    try:
+        torch.ones(64, 64) @ torch.ones(64, 64)  # the caller has used its thread pool
+        runner = StageRunner(BeginNet(), PipelinedExecution(), num_devices=2, threads_per_device=1)
+        runner.forward_backward(micro_batches(3))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_sharded_runs_one_stage_at_a_time_and_profile_records_every_op() -> None:
