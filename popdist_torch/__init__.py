@@ -3,7 +3,16 @@
 ``import popdist_torch as poptorch`` lets a PopTorch script run here unchanged.
 """
 
+from popdist_torch import optim
+from popdist_torch.dataloader import DataLoader
 from popdist_torch.enums import DataLoaderMode, MeanReductionStrategy, OutputMode, ReductionType
+from popdist_torch.executor import (
+    ExecutorError,
+    PoplarExecutor,
+    identity_loss,
+    inferenceModel,
+    trainingModel,
+)
 from popdist_torch.options import (
     FrozenOptionsError,
     Options,
@@ -13,13 +22,20 @@ from popdist_torch.options import (
 )
 
 __all__ = [
+    "DataLoader",
     "DataLoaderMode",
+    "ExecutorError",
     "FrozenOptionsError",
     "MeanReductionStrategy",
     "Options",
     "OptionsError",
     "OutputMode",
+    "PoplarExecutor",
     "ReductionType",
     "TensorLocationSettings",
     "UnsupportedOptionError",
+    "identity_loss",
+    "inferenceModel",
+    "optim",
+    "trainingModel",
 ]

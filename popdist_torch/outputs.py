@@ -1,0 +1,74 @@
+"""Collect a call's per-micro-batch outputs into what ``OutputMode`` returns.
+
+Every micro-step yields the model's outputs (a pytree of tensors) with a leading
+replica dimension ``[R, *S]``.  The collector keeps only what the mode needs and, at the
+end of the call, lays the kept outputs out as PopTorch does: the ``K`` kept copies of a
+per-replica output of shape ``S`` become ``[K * S[0], *S[1:]]`` (batched outputs are
+concatenated along dim 0) or ``[K]`` for a scalar (a single scalar when ``K == 1``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from popdist_torch.enums import OutputMode
+
+__all__ = ["OutputCollector", "layout"]
+
+
+def layout(stacked: torch.Tensor) -> torch.Tensor:
+    """``[K, *S]`` → ``[K*S0, *S[1:]]``; scalars (``S == ()``) → ``[K]``, or ``[]`` if K is 1."""
+    if stacked.dim() == 1:
+        return stacked[0] if stacked.shape[0] == 1 else stacked
+    return stacked.reshape(stacked.shape[0] * stacked.shape[1], *stacked.shape[2:])
+
+
+class OutputCollector:
+    """Accumulates per-micro-step outputs for one call, by output mode.
+
+    ``num_iterations`` device iterations of ``steps_per_iteration`` micro-steps each;
+    ``period`` is N of ``EveryN``.
+    """
+
+    def __init__(
+        self, mode: OutputMode, num_iterations: int, steps_per_iteration: int, period: int
+    ) -> None:
+        if mode == OutputMode.Default:
+            raise ValueError("OutputMode.Default must be resolved before collecting outputs")
+        self.mode = mode
+        self.num_iterations = num_iterations
+        self.steps = steps_per_iteration
+        self.period = period
+        self._kept: list[Any] = []
+        self._sum: Any = None
+
+    def wants(self, iteration: int, step: int) -> bool:
+        """Whether the outputs of this micro-step are kept (skip copying them otherwise)."""
+        if self.mode in (OutputMode.All, OutputMode.Sum):
+            return True
+        if self.mode == OutputMode.Final:
+            return iteration == self.num_iterations - 1 and step == self.steps - 1
+        return (iteration + 1) % self.period == 0  # EveryN: whole device iterations
+
+    def add(self, iteration: int, step: int, outputs: Any) -> None:
+        """Record one micro-step's outputs (leaves shaped ``[R, *S]``, already detached)."""
+        if not self.wants(iteration, step):
+            return
+        if self.mode == OutputMode.Sum:
+            self._sum = outputs if self._sum is None else tree_map(torch.add, self._sum, outputs)
+        else:
+            self._kept.append(outputs)
+
+    def result(self) -> Any:
+        """The call's return value, laid out as PopTorch returns it."""
+        kept = [self._sum] if self.mode == OutputMode.Sum else self._kept
+        if not kept:
+            raise RuntimeError("no outputs were recorded for this call")
+        flat = [tree_flatten(k) for k in kept]
+        spec = flat[0][1]
+        columns = zip(*(leaves for leaves, _ in flat), strict=True)
+        merged = [layout(torch.cat(col, dim=0)) for col in columns]
+        return tree_unflatten(merged, spec)
