@@ -289,6 +289,17 @@ class DataLoader(tud.DataLoader[Any]):
 
         distributed = self._num_processes > 1 and self._auto
         torch_kwargs: dict[str, Any] = dict(kwargs)
+        # Torch draws its workers' base seed from this generator at every ``__iter__``;
+        # a private one, re-seeded per epoch, keeps the global generator untouched by
+        # iteration (so a resumed run continues the same random stream) and gives each
+        # instance's workers their own seeds.
+        self._generator: torch.Generator | None = None
+        self._worker_seed = self._seed
+        if kwargs.get("generator") is None:
+            self._generator = torch.Generator()
+            torch_kwargs["generator"] = self._generator
+            if self._worker_seed is None:
+                self._worker_seed = int(torch.empty((), dtype=torch.int64).random_().item())
         is_iterable = isinstance(dataset, tud.IterableDataset)
 
         if batch_sampler is not None:
@@ -584,6 +595,10 @@ class DataLoader(tud.DataLoader[Any]):
         elif self._combining is not None:
             self._combining.skip = skip
             fast_skip = 0
+        if self._generator is not None:
+            assert self._worker_seed is not None
+            mixed = (self._worker_seed * 1_000_003 + epoch * 7_919 + self._process_id) % 2**63
+            self._generator.manual_seed(mixed)
         source: Iterator[Any] = super().__iter__()
         if self._group > 1:
             source = rebatch(source, self._group, self.drop_last)
@@ -615,7 +630,12 @@ class DataLoader(tud.DataLoader[Any]):
             epoch, batch = self._epoch, self._consumed
         else:
             epoch, batch = self._next_epoch, self._next_batch
-        return {"epoch": epoch, "batch": batch, "seed": self._seed}
+        return {
+            "epoch": epoch,
+            "batch": batch,
+            "seed": self._seed,
+            "worker_seed": self._worker_seed,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``__iter__`` start at the saved epoch and batch."""
@@ -627,9 +647,11 @@ class DataLoader(tud.DataLoader[Any]):
             self._prefetcher = None
         self._next_epoch, self._next_batch = epoch, batch
         self._epoch, self._consumed, self._epoch_done = -1, 0, True
-        seed = state.get("seed")
+        seed, worker_seed = state.get("seed"), state.get("worker_seed")
         if seed is not None:
             self._seed = int(seed)
+        if worker_seed is not None:
+            self._worker_seed = int(worker_seed)
 
 
 _END = object()

@@ -428,4 +428,15 @@ def test_state_after_a_complete_epoch_points_at_the_next() -> None:
     loader = DataLoader(make_options(), Indices(12), batch_size=4)
     for _ in loader:
         pass
-    assert loader.state_dict() == {"epoch": 1, "batch": 0, "seed": None}
+    state = loader.state_dict()
+    assert (state["epoch"], state["batch"], state["seed"]) == (1, 0, None)
+
+
+def test_iteration_leaves_the_global_generator_alone() -> None:
+    """Creating an epoch's iterator draws nothing from torch's global generator."""
+    loader = DataLoader(make_options(seed=3), Indices(12), batch_size=4, num_workers=0)
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    torch.manual_seed(0)
+    next(iter(loader))
+    assert torch.equal(torch.rand(1), expected)

@@ -1,0 +1,169 @@
+"""Checkpoints: round trip, weights-only loading, file modes, atomicity under SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from popdist_torch import optim
+from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from popdist_torch.dataloader import DataLoader
+from popdist_torch.options import Options
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+WRITER = ROOT / "tests" / "bin" / "ckpt_writer.py"
+
+
+def net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 1))
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor) -> None:
+    opt.zero_grad()
+    x = batch.float().unsqueeze(1).repeat(1, 3) / 10 + torch.randn(len(batch), 3) * 0.01
+    model(x).pow(2).mean().backward()
+    opt.step()
+
+
+def test_round_trip_continues_identically(tmp_path: Path) -> None:
+    """N steps, save, M steps == N steps, load into fresh objects, M steps."""
+    data = torch.utils.data.TensorDataset(torch.arange(40))
+
+    def setup() -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader]:
+        torch.manual_seed(5)
+        model = net()
+        opt = optim.Adam(model.parameters(), lr=0.05)
+        loader = DataLoader(Options().randomSeed(9), data, batch_size=4, shuffle=True)
+        return model, opt, loader
+
+    def run(model: torch.nn.Module, opt: torch.optim.Optimizer, it: Iterator, steps: int) -> None:
+        for _ in range(steps):
+            train_step(model, opt, next(it)[0])
+
+    model, opt, loader = setup()
+    it = iter(loader)
+    run(model, opt, it, 4)
+    save_checkpoint(
+        tmp_path / "c.pt",
+        model=model,
+        optimizer=opt,
+        step=4,
+        dataloader=loader,
+        extra={"note": "x"},
+    )
+    run(model, opt, it, 5)
+    reference = [p.detach().clone() for p in model.parameters()]
+
+    random.random(), np.random.rand(), torch.rand(3)  # disturb every generator
+    model, opt, loader = setup()
+    state = load_checkpoint(tmp_path / "c.pt", model=model, optimizer=opt, dataloader=loader)
+    assert state["step"] == 4 and state["extra"] == {"note": "x"}
+    run(model, opt, iter(loader), 5)
+    for p, q in zip(model.parameters(), reference, strict=True):
+        assert torch.equal(p, q)
+
+
+def test_rng_states_are_restored(tmp_path: Path) -> None:
+    model = net()
+    save_checkpoint(tmp_path / "c.pt", model=model)
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    load_checkpoint(tmp_path / "c.pt", model=model)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+    load_checkpoint(tmp_path / "c.pt", model=model, restore_rng=False)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) != expected
+
+
+@pytest.mark.parametrize(
+    ("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o000, 0o664), (0o002, 0o664)]
+)
+def test_file_mode_honours_umask_and_is_never_world_writable(
+    tmp_path: Path, umask: int, mode: int
+) -> None:
+    previous = os.umask(umask)
+    try:
+        save_checkpoint(tmp_path / "c.pt", model=net())
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "c.pt").stat().st_mode) == mode
+
+
+class Payload:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("pwned",))
+
+
+def test_loading_is_weights_only(tmp_path: Path) -> None:
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as stream:
+        pickle.dump(
+            {"format": "popdist_torch.checkpoint/1", "model": Payload()}, stream, protocol=2
+        )
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        load_checkpoint(path, model=net())
+
+
+def test_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.pt", model=net())
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not a popdist_torch checkpoint"):
+        load_checkpoint(tmp_path / "other.pt", model=net())
+    with pytest.raises(ValueError, match="step=-1 is invalid"):
+        save_checkpoint(tmp_path / "c.pt", model=net(), step=-1)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        save_checkpoint(tmp_path / "no" / "c.pt", model=net())
+    save_checkpoint(tmp_path / "c.pt", model=net())
+    with pytest.raises(CheckpointError, match="no optimizer state"):
+        model = net()
+        load_checkpoint(tmp_path / "c.pt", model=model, optimizer=optim.SGD(model.parameters()))
+
+
+def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, str(WRITER), str(path), str(4_000_000)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "saved 0"
+        # The signal: the next save's temporary file exists and is being written.
+        deadline = time.monotonic() + 120
+        while not any(p.stat().st_size > 0 for p in tmp_path.glob(".ckpt.pt.tmp-*") if p.exists()):
+            assert time.monotonic() < deadline, "the writer never started a second save"
+            time.sleep(0.001)  # polling interval of the file check, not a synchronisation
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        printed = [line.split()[1] for line in proc.stdout.read().splitlines()]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    last = int(printed[-1]) if printed else 0
+    state = torch.load(path, weights_only=True)
+    version = state["extra"]["version"]
+    assert version in (last, last + 1)  # +1: that save completed before the kill landed
+    assert state["step"] == version
+    assert torch.equal(state["extra"]["blob"], torch.full((4_000_000,), float(version)))
+
+    # the killed writer's temporary file is cleaned up by the next save
+    save_checkpoint(path, model=net())
+    assert not list(tmp_path.glob(".ckpt.pt.tmp-*"))
