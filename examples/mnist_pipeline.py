@@ -24,6 +24,8 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset
 
+import popdist
+import popdist.poptorch
 import popdist_torch as poptorch
 from popdist_torch.dataloader import DataLoader
 from popdist_torch.pipeline import (
@@ -124,6 +126,13 @@ def digits(seed: int) -> tuple[TensorDataset, TensorDataset]:
     return TensorDataset(images[train], labels[train]), TensorDataset(images[test], labels[test])
 
 
+def make_options() -> poptorch.Options:
+    """Under poprun: replicas, instance and --ipus-per-replica from the launch."""
+    if popdist.isPopdistEnvSet():
+        return popdist.poptorch.Options()
+    return poptorch.Options()  # the replica's devices are the ones the stages name
+
+
 def strategy(name: str) -> PipelinedExecution | ShardedExecution:
     stages = (Stage("B1", "B2").ipu(0), Stage("B3", "B4").ipu(1))
     return PipelinedExecution(*stages) if name == "pipelined" else ShardedExecution(*stages)
@@ -139,7 +148,7 @@ def accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> float:
 def train(
     args: argparse.Namespace, model: nn.Module, dataset: TensorDataset
 ) -> list[list[StageEvent]]:
-    opts = poptorch.Options()
+    opts = make_options()
     opts.deviceIterations(args.device_iterations)
     opts.Training.gradientAccumulation(args.gradient_accumulation)
     opts.outputMode(poptorch.OutputMode.All)
@@ -171,7 +180,7 @@ def train(
 
 
 def test(args: argparse.Namespace, model: nn.Module, dataset: TensorDataset) -> float:
-    opts = poptorch.Options()
+    opts = make_options()
     opts.deviceIterations(args.test_device_iterations)
     opts.setExecutionStrategy(strategy(args.strategy))
     loader = DataLoader(opts, dataset, batch_size=args.test_batch_size, drop_last=False)
@@ -182,7 +191,8 @@ def test(args: argparse.Namespace, model: nn.Module, dataset: TensorDataset) -> 
         correct += int((output.argmax(-1) == labels).sum())
         total += len(labels)
     acc = 100.0 * correct / total
-    print(f"Accuracy on test set: {acc:.2f}% ({correct}/{total})")
+    shard = " (this instance's shard)" if popdist.getNumInstances() > 1 else ""
+    print(f"Accuracy on test set{shard}: {acc:.2f}% ({correct}/{total})")
     return acc
 
 

@@ -147,6 +147,58 @@ def test_two_pipelined_replicas_train_like_one_process(tmp_path: Path) -> None:
     assert not torch.equal(expected["a.weight"], reference_initial(tmp_path)["a.weight"])
 
 
+EXECUTOR_CHILD = """
+import sys
+sys.path[:0] = sys.argv[5:7]
+import torch
+import popdist
+import popdist.poptorch
+import popdist_torch as poptorch
+from popdist_torch.pipeline import PipelinedExecution
+from pipemodel import make, data
+
+steps, ga, micro, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+opts = popdist.poptorch.Options()
+assert opts.ipus_per_replica == 2 and opts.replication_factor == 1
+opts.Training.gradientAccumulation(ga)
+opts.setExecutionStrategy(PipelinedExecution("B1", "B2"))
+model = make()
+training_model = poptorch.trainingModel(model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+instance = popdist.getInstanceIndex()
+for step in range(steps):
+    mbs = data(step, instance, ga, micro)
+    training_model(torch.cat([x for x, _ in mbs]), torch.cat([y for _, y in mbs]))
+torch.save(model.state_dict(), f"{out}/weights{instance}.pt")
+"""
+
+
+@pytest.mark.timeout(180)
+def test_poprun_two_pipelined_replicas_through_the_executor(tmp_path: Path) -> None:
+    """``poprun --num-replicas 2 --num-instances 2 --ipus-per-replica 2`` with trainingModel."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed")
+    pytest.importorskip("horovod.torch")
+    (tmp_path / "pipemodel.py").write_text(textwrap.dedent(MODEL))
+    (tmp_path / "child.py").write_text(textwrap.dedent(EXECUTOR_CHILD))
+    argv = [sys.executable, "-m", "poprun", "--num-replicas", "2", "--num-instances", "2"]
+    argv += ["--ipus-per-replica", str(DEVICES), sys.executable, str(tmp_path / "child.py")]
+    argv += [str(STEPS), str(GA), str(MICRO), str(tmp_path), str(tmp_path), str(ROOT)]
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output.decode()[-3000:]
+    got = [torch.load(tmp_path / f"weights{i}.pt") for i in range(INSTANCES)]
+    for name, value in reference(tmp_path).items():
+        assert torch.equal(got[0][name], got[1][name]), name
+        torch.testing.assert_close(got[0][name], value, rtol=1e-5, atol=1e-7, msg=name)
+
+
 def reference_initial(tmp_path: Path) -> dict[str, torch.Tensor]:
     sys.path.insert(0, str(tmp_path))
     try:
