@@ -1,1 +1,65 @@
-"""popdist: the PopDist API."""
+"""popdist: the PopDist API on Open MPI and Horovod.
+
+What a training script launched by ``poprun`` imports: the getters that place this
+instance in the run (:mod:`popdist.context`), the collective backend (:func:`init`), and
+:func:`execute_on_instances`. The sharding arithmetic is :mod:`popdist.sharding`;
+``popdist.poptorch.Options`` is PopTorch's options set up from the launch.
+
+Importing ``popdist`` is cheap and stdlib-only: torch and Horovod are imported by the calls
+that need them (:func:`init`, :func:`execute_on_instances`, ``popdist.poptorch``).
+"""
+
+from __future__ import annotations
+
+from popdist import sharding
+from popdist.backend import finalizeBackend, init, initializeBackend, isBackendInitialized
+from popdist.context import (
+    checkNumIpusPerReplica,
+    getDeviceId,
+    getInstanceIndex,
+    getLocalInstanceIndex,
+    getNumInstances,
+    getNumIpusPerReplica,
+    getNumLocalReplicas,
+    getNumTotalReplicas,
+    getReplicaIndexOffset,
+    isPopdistEnvSet,
+)
+from popdist.env import PopdistError
+from popdist.instances import execute_on_instances
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from popdist import poptorch
+
+__all__ = [
+    "PopdistError",
+    "checkNumIpusPerReplica",
+    "execute_on_instances",
+    "finalizeBackend",
+    "getDeviceId",
+    "getInstanceIndex",
+    "getLocalInstanceIndex",
+    "getNumInstances",
+    "getNumIpusPerReplica",
+    "getNumLocalReplicas",
+    "getNumTotalReplicas",
+    "getReplicaIndexOffset",
+    "init",
+    "initializeBackend",
+    "isBackendInitialized",
+    "isPopdistEnvSet",
+    "poptorch",
+    "sharding",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """``popdist.poptorch`` on first use, so ``import popdist`` does not import torch."""
+    if name == "poptorch":
+        import importlib
+
+        return importlib.import_module("popdist.poptorch")
+    raise AttributeError(f"module 'popdist' has no attribute {name!r}")

@@ -33,8 +33,11 @@ This module is stdlib-only and cheap to import: ``poprun`` and ``popdist`` both 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
 NUM_IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
@@ -58,6 +61,9 @@ REQUIRED: tuple[str, ...] = (
     REPLICA_INDEX_OFFSET,
     LOCAL_INSTANCE_INDEX,
 )
+#: Added variables poprun always sets with :data:`REQUIRED`: alone they are a half-set
+#: environment too. (``HOST``, ``OFFLINE_MODE`` and ``EXECUTABLE_CACHE_PATH`` may stand alone.)
+POPRUN_ONLY: tuple[str, ...] = (NUM_INSTANCES, INSTANCE_INDEX, NUM_LOCAL_INSTANCES)
 #: Every variable of the contract, in the order of the table above.
 ALL: tuple[str, ...] = (
     *REQUIRED,
@@ -72,6 +78,7 @@ ALL: tuple[str, ...] = (
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
 OMPI_RANK = "OMPI_COMM_WORLD_RANK"
 OMPI_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
 
 
 class PopdistError(RuntimeError):
@@ -82,22 +89,108 @@ class PopdistError(RuntimeError):
     """
 
 
-@dataclass(frozen=True)
-class RunView:
+class Record:
+    """A small immutable record: equality, hash, repr and ``as_dict`` over ``__slots__``.
+
+    Used instead of a frozen dataclass because ``import dataclasses`` costs more than the
+    rest of ``import popdist`` together.
+    """
+
+    __slots__: tuple[str, ...] = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot delete {name!r}")
+
+    def _init(self, **values: Any) -> None:
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields, by name, in declaration order."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` applied."""
+        return type(self)(**{**self.as_dict(), **changes})
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._key()))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class RunView(Record):
     """One process's view of the run, as the environment describes it."""
 
-    num_total_replicas: int = 1
-    num_ipus_per_replica: int = 1
-    num_local_replicas: int = 1
-    replica_index_offset: int = 0
-    local_instance_index: int = 0
-    num_instances: int = 1
-    instance_index: int = 0
-    num_local_instances: int = 1
-    host: str = ""
-    offline_mode: bool = False
-    executable_cache_path: str | None = None
-    from_poprun: bool = False
+    __slots__ = (  # noqa: RUF023 - declaration order is the field order
+        "num_total_replicas",
+        "num_ipus_per_replica",
+        "num_local_replicas",
+        "replica_index_offset",
+        "local_instance_index",
+        "num_instances",
+        "instance_index",
+        "num_local_instances",
+        "host",
+        "offline_mode",
+        "executable_cache_path",
+        "from_poprun",
+    )
+    num_total_replicas: int
+    num_ipus_per_replica: int
+    num_local_replicas: int
+    replica_index_offset: int
+    local_instance_index: int
+    num_instances: int
+    instance_index: int
+    num_local_instances: int
+    host: str
+    offline_mode: bool
+    executable_cache_path: str | None
+    from_poprun: bool
+
+    def __init__(
+        self,
+        num_total_replicas: int = 1,
+        num_ipus_per_replica: int = 1,
+        num_local_replicas: int = 1,
+        replica_index_offset: int = 0,
+        local_instance_index: int = 0,
+        num_instances: int = 1,
+        instance_index: int = 0,
+        num_local_instances: int = 1,
+        host: str = "",
+        offline_mode: bool = False,
+        executable_cache_path: str | None = None,
+        from_poprun: bool = False,
+    ) -> None:
+        self._init(
+            num_total_replicas=num_total_replicas,
+            num_ipus_per_replica=num_ipus_per_replica,
+            num_local_replicas=num_local_replicas,
+            replica_index_offset=replica_index_offset,
+            local_instance_index=local_instance_index,
+            num_instances=num_instances,
+            instance_index=instance_index,
+            num_local_instances=num_local_instances,
+            host=host,
+            offline_mode=offline_mode,
+            executable_cache_path=executable_cache_path,
+            from_poprun=from_poprun,
+        )
 
 
 def instance_environment(
@@ -113,6 +206,13 @@ def instance_environment(
     executable_cache_path: str | None = None,
 ) -> dict[str, str]:
     """The variables ``poprun`` exports to one instance, in the table's order."""
+    if num_instances < 1 or num_total_replicas % num_instances or num_total_replicas < 1:
+        raise PopdistError(
+            f"num_total_replicas={num_total_replicas} must be a positive multiple of "
+            f"num_instances={num_instances}"
+        )
+    if not 0 <= instance_index < num_instances:
+        raise PopdistError(f"instance_index={instance_index} must be in [0, {num_instances})")
     local = num_total_replicas // num_instances
     env = {
         NUM_TOTAL_REPLICAS: str(num_total_replicas),
@@ -139,13 +239,13 @@ def _int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
         value = int(raw.strip())
     except ValueError:
         raise PopdistError(
-            f"{name}={raw!r} is not an integer; poprun sets it, so relaunch with poprun "
-            f"or unset every POPDIST_* variable"
+            f"{name}={raw!r} is not an integer: the launcher sets it, so relaunch with poprun "
+            f"(or mpirun), or unset it to run alone"
         ) from None
     if value < minimum:
         raise PopdistError(
-            f"{name}={raw!r} must be at least {minimum}; relaunch with poprun or unset "
-            f"every POPDIST_* variable"
+            f"{name}={raw!r} must be at least {minimum}: relaunch with poprun (or mpirun), "
+            f"or unset it to run alone"
         )
     return value
 
@@ -153,10 +253,11 @@ def _int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
 def _read_poprun(environ: Mapping[str, str]) -> RunView:
     missing = [name for name in REQUIRED if name not in environ]
     if missing:
-        present = [name for name in REQUIRED if name in environ]
+        present = next(name for name in (*REQUIRED, *POPRUN_ONLY) if name in environ)
         raise PopdistError(
-            f"{missing[0]} is not set but {present[0]} is: the POPDIST_* environment is "
-            f"half set; launch with poprun, or unset every POPDIST_* variable to run alone"
+            f"{missing[0]} is not set but {present}={environ[present]!r} is: the POPDIST_* "
+            f"environment is half set; launch with poprun, or unset every POPDIST_* variable "
+            f"to run alone"
         )
     total = _int(environ, NUM_TOTAL_REPLICAS, minimum=1)
     ipr = _int(environ, NUM_IPUS_PER_REPLICA, minimum=1)
@@ -181,8 +282,11 @@ def _read_poprun(environ: Mapping[str, str]) -> RunView:
         )
     num_instances = total // local
     instance_index = offset // local
-    for name, derived in ((NUM_INSTANCES, num_instances), (INSTANCE_INDEX, instance_index)):
-        if name in environ and _int(environ, name, minimum=0) != derived:
+    for name, derived, minimum in (
+        (NUM_INSTANCES, num_instances, 1),
+        (INSTANCE_INDEX, instance_index, 0),
+    ):
+        if name in environ and _int(environ, name, minimum=minimum) != derived:
             raise PopdistError(
                 f"{name}={environ[name]!r} disagrees with the replica variables, which give "
                 f"{derived}; relaunch with poprun"
@@ -195,7 +299,6 @@ def _read_poprun(environ: Mapping[str, str]) -> RunView:
             f"{LOCAL_INSTANCE_INDEX}={local_index} must be below "
             f"{NUM_LOCAL_INSTANCES}={num_local_instances}"
         )
-    offline = environ.get(OFFLINE_MODE, "0").strip().lower() in {"1", "true", "yes"}
     return RunView(
         num_total_replicas=total,
         num_ipus_per_replica=ipr,
@@ -206,18 +309,39 @@ def _read_poprun(environ: Mapping[str, str]) -> RunView:
         instance_index=instance_index,
         num_local_instances=num_local_instances,
         host=environ.get(HOST, ""),
-        offline_mode=offline,
+        offline_mode=_flag(environ, OFFLINE_MODE),
         executable_cache_path=environ.get(EXECUTABLE_CACHE_PATH) or None,
         from_poprun=True,
     )
 
 
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    raw = environ.get(name, "")
+    value = raw.strip().lower()
+    if value in {"", "0", "false", "no", "off"}:
+        return False
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    raise PopdistError(f"{name}={raw!r} is not a flag: expected 1 or 0")
+
+
 def _read_ompi(environ: Mapping[str, str]) -> RunView:
+    for name, other in ((OMPI_SIZE, OMPI_RANK), (OMPI_RANK, OMPI_SIZE)):
+        if name not in environ:
+            raise PopdistError(
+                f"{name} is not set but {other}={environ[other]!r} is: Open MPI sets both; "
+                f"launch with poprun or mpirun, or unset OMPI_COMM_WORLD_* to run alone"
+            )
     size = _int(environ, OMPI_SIZE, minimum=1)
-    rank = _int(environ, OMPI_RANK, minimum=0) if OMPI_RANK in environ else 0
+    rank = _int(environ, OMPI_RANK, minimum=0)
     if rank >= size:
         raise PopdistError(f"{OMPI_RANK}={rank} must be below {OMPI_SIZE}={size}")
     local_rank = _int(environ, OMPI_LOCAL_RANK, minimum=0) if OMPI_LOCAL_RANK in environ else 0
+    local_size = _int(environ, OMPI_LOCAL_SIZE, minimum=1) if OMPI_LOCAL_SIZE in environ else 1
+    if OMPI_LOCAL_SIZE in environ and local_rank >= local_size:
+        raise PopdistError(
+            f"{OMPI_LOCAL_RANK}={local_rank} must be below {OMPI_LOCAL_SIZE}={local_size}"
+        )
     return RunView(
         num_total_replicas=size,
         num_local_replicas=1,
@@ -225,7 +349,9 @@ def _read_ompi(environ: Mapping[str, str]) -> RunView:
         local_instance_index=local_rank,
         num_instances=size,
         instance_index=rank,
-        num_local_instances=int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1") or 1),
+        num_local_instances=local_size,
+        offline_mode=_flag(environ, OFFLINE_MODE),
+        executable_cache_path=environ.get(EXECUTABLE_CACHE_PATH) or None,
         from_poprun=False,
     )
 
@@ -236,8 +362,11 @@ def read_run(environ: Mapping[str, str] | None = None) -> RunView:
     Raises :class:`PopdistError` for a half-set or malformed environment.
     """
     environ = os.environ if environ is None else environ
-    if any(name in environ for name in REQUIRED):
+    if any(name in environ for name in (*REQUIRED, *POPRUN_ONLY)):
         return _read_poprun(environ)
-    if OMPI_SIZE in environ:
+    if OMPI_SIZE in environ or OMPI_RANK in environ:
         return _read_ompi(environ)
-    return RunView()
+    return RunView(
+        offline_mode=_flag(environ, OFFLINE_MODE),
+        executable_cache_path=environ.get(EXECUTABLE_CACHE_PATH) or None,
+    )

@@ -25,10 +25,12 @@ platform. Bad arguments raise :class:`ShardingError` (both a :class:`PopdistErro
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
 
-from popdist.env import PopdistError
+from popdist.env import PopdistError, Record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "Shard",
@@ -101,16 +103,21 @@ def global_batch_size(
     )
 
 
-@dataclass(frozen=True)
-class Shard:
-    """One process's contiguous block of the dataset (PopTorch's ``_SubDataset``)."""
+class Shard(Record):
+    """One process's contiguous block of the dataset (PopTorch's ``_SubDataset``).
 
+    ``offset``: first index of the block on even epochs (the base offset); ``length``:
+    samples in the block; ``leftovers``: with ``drop_last``, ``num_samples % length``, the
+    shift of odd epochs when leftovers rotate, else 0.
+    """
+
+    __slots__ = ("offset", "length", "leftovers")  # noqa: RUF023 - field order
     offset: int
-    """First index of the block on even epochs (the base offset)."""
     length: int
-    """Samples in the block."""
     leftovers: int
-    """With ``drop_last``: ``num_samples % length``, the shift of odd epochs; else 0."""
+
+    def __init__(self, offset: int, length: int, leftovers: int) -> None:
+        self._init(offset=offset, length=length, leftovers=leftovers)
 
 
 def poptorch_shard(

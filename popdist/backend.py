@@ -1,0 +1,93 @@
+"""The collective backend: Horovod, started once per process by :func:`init`.
+
+PopDist's ``init()`` brings up the backend that carries host-side collectives between
+instances; here that backend is Horovod (``horovod.torch``) over the same Open MPI job that
+poprun launched. Horovod (and with it torch) is imported only when :func:`init` runs, so
+``import popdist`` stays cheap. :func:`init` also checks that Horovod's world is the run
+popdist reads from the environment: a process started outside the job, or a job whose
+ranks do not match the instances, fails here with a clear message instead of hanging in
+its first collective.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from types import ModuleType
+
+from popdist.env import PopdistError, read_run
+
+__all__ = ["finalizeBackend", "horovod", "init", "initializeBackend", "isBackendInitialized"]
+
+SETUP_HINT = "run `make setup` (which `make test` and `make demo` run first) to build it into .venv"
+
+_initialized = False
+_atexit_registered = False
+
+
+def _import_horovod() -> ModuleType:
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        raise PopdistError(
+            f"popdist.init() needs Horovod (horovod.torch), which this interpreter "
+            f"({sys.executable}) cannot import ({exc}); {SETUP_HINT}"
+        ) from None
+    return hvd
+
+
+def init() -> None:
+    """Start the collective backend once; later calls do nothing.
+
+    Raises :class:`PopdistError` if Horovod is missing, or if its size and rank disagree
+    with :func:`popdist.getNumInstances` and :func:`popdist.getInstanceIndex`. The backend
+    is finalised at interpreter exit (or by :func:`finalizeBackend`).
+    """
+    global _initialized, _atexit_registered
+    if _initialized:
+        return
+    run = read_run()  # a malformed environment fails before anything starts
+    hvd = _import_horovod()
+    hvd.init()
+    size, rank = int(hvd.size()), int(hvd.rank())
+    if (size, rank) != (run.num_instances, run.instance_index):
+        hvd.shutdown()
+        where = "poprun's POPDIST_*" if run.from_poprun else "the environment"
+        raise PopdistError(
+            f"Horovod sees rank {rank} of {size} processes but {where} says instance "
+            f"{run.instance_index} of {run.num_instances}: start every instance from one "
+            f"poprun (or mpirun) command and do not mix launchers"
+        )
+    _initialized = True
+    if not _atexit_registered:
+        atexit.register(finalizeBackend)
+        _atexit_registered = True
+
+
+#: PopDist's other name for :func:`init`.
+initializeBackend = init
+
+
+def isBackendInitialized() -> bool:
+    """Whether :func:`init` started the backend and it is still running."""
+    if not _initialized:
+        return False
+    hvd = sys.modules.get("horovod.torch")
+    return bool(hvd is not None and hvd.is_initialized())
+
+
+def finalizeBackend() -> None:
+    """Shut the backend down (idempotent); :func:`init` may start it again afterwards."""
+    global _initialized
+    if not _initialized:
+        return
+    _initialized = False
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None and hvd.is_initialized():
+        hvd.shutdown()
+
+
+def horovod() -> ModuleType:
+    """``horovod.torch``, started by :func:`init` if it is not yet."""
+    init()
+    return _import_horovod()

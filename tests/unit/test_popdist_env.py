@@ -1,0 +1,200 @@
+"""The environment contract: round trip, Open MPI fallback, and every malformed case."""
+
+from __future__ import annotations
+
+import pytest
+
+from popdist import env
+from popdist.env import PopdistError, RunView, instance_environment, read_run
+
+pytestmark = pytest.mark.unit
+
+
+def _poprun(total: int = 8, instances: int = 4, index: int = 1, **kw: object) -> dict[str, str]:
+    return instance_environment(
+        num_total_replicas=total,
+        num_ipus_per_replica=kw.pop("ipr", 2),  # type: ignore[arg-type]
+        num_instances=instances,
+        instance_index=index,
+        local_instance_index=kw.pop("local_index", index % 2),  # type: ignore[arg-type]
+        num_local_instances=kw.pop("local_count", 2),  # type: ignore[arg-type]
+        host=kw.pop("host", "node-a"),  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_nothing_set_is_one_process_one_replica() -> None:
+    assert read_run({}) == RunView()
+    view = read_run({})
+    assert (view.num_instances, view.instance_index, view.num_total_replicas) == (1, 0, 1)
+    assert (view.num_local_replicas, view.replica_index_offset, view.from_poprun) == (1, 0, False)
+
+
+def test_poprun_round_trip_every_instance() -> None:
+    for index in range(4):
+        view = read_run(_poprun(index=index, offline_mode=True, executable_cache_path="/c"))
+        assert view == RunView(
+            num_total_replicas=8,
+            num_ipus_per_replica=2,
+            num_local_replicas=2,
+            replica_index_offset=2 * index,
+            local_instance_index=index % 2,
+            num_instances=4,
+            instance_index=index,
+            num_local_instances=2,
+            host="node-a",
+            offline_mode=True,
+            executable_cache_path="/c",
+            from_poprun=True,
+        )
+
+
+def test_instance_environment_has_poprun_six_first() -> None:
+    names = list(_poprun())
+    assert names[:6] == list(env.REQUIRED)
+    assert set(names) <= set(env.ALL)
+    assert _poprun(index=3)[env.REPLICA_INDEX_OFFSET] == "6"
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"total": 7}, "num_total_replicas=7 must be a positive multiple of num_instances=4"),
+        ({"index": 4}, r"instance_index=4 must be in \[0, 4\)"),
+    ],
+)
+def test_instance_environment_rejects_impossible_runs(kw: dict[str, int], needle: str) -> None:
+    with pytest.raises(PopdistError, match=needle):
+        _poprun(**kw)  # type: ignore[arg-type]
+
+
+def test_ompi_fallback_one_replica_per_rank() -> None:
+    view = read_run(
+        {
+            env.OMPI_SIZE: "3",
+            env.OMPI_RANK: "2",
+            env.OMPI_LOCAL_RANK: "0",
+            env.OMPI_LOCAL_SIZE: "1",
+        }
+    )
+    assert (view.num_instances, view.instance_index, view.num_total_replicas) == (3, 2, 3)
+    assert (view.num_local_replicas, view.replica_index_offset, view.from_poprun) == (1, 2, False)
+
+
+def test_poprun_set_wins_over_ompi() -> None:
+    environ = {**_poprun(index=2), env.OMPI_SIZE: "4", env.OMPI_RANK: "0"}
+    assert read_run(environ).instance_index == 2
+
+
+def _without(name: str) -> dict[str, str]:
+    environ = _poprun()
+    del environ[name]
+    return environ
+
+
+def _with(**changes: str) -> dict[str, str]:
+    environ = _poprun()
+    for key, value in changes.items():
+        environ[getattr(env, key)] = value
+    return environ
+
+
+MALFORMED = [
+    # a missing variable: named, with a present one and its value
+    (
+        _without(env.REPLICA_INDEX_OFFSET),
+        "POPDIST_REPLICA_INDEX_OFFSET is not set but POPDIST_NUM_TOTAL_REPLICAS='8' is: the "
+        "POPDIST_* environment is half set; launch with poprun, or unset every POPDIST_* "
+        "variable to run alone",
+    ),
+    (
+        {env.NUM_LOCAL_REPLICAS: "2"},
+        "POPDIST_NUM_TOTAL_REPLICAS is not set but POPDIST_NUM_LOCAL_REPLICAS='2' is",
+    ),
+    (
+        {env.INSTANCE_INDEX: "1"},
+        "POPDIST_NUM_TOTAL_REPLICAS is not set but POPDIST_INSTANCE_INDEX='1' is",
+    ),
+    # a non-integer, a negative, a zero
+    (
+        _with(NUM_TOTAL_REPLICAS="eight"),
+        "POPDIST_NUM_TOTAL_REPLICAS='eight' is not an integer: the launcher sets it, so "
+        "relaunch with poprun (or mpirun), or unset it to run alone",
+    ),
+    (_with(NUM_LOCAL_REPLICAS="2.0"), "POPDIST_NUM_LOCAL_REPLICAS='2.0' is not an integer"),
+    (_with(REPLICA_INDEX_OFFSET="-2"), "POPDIST_REPLICA_INDEX_OFFSET='-2' must be at least 0"),
+    (_with(NUM_IPUS_PER_REPLICA="0"), "POPDIST_NUM_IPUS_PER_REPLICA='0' must be at least 1"),
+    (_with(LOCAL_INSTANCE_INDEX=""), "POPDIST_LOCAL_INSTANCE_INDEX='' is not an integer"),
+    # inconsistent arithmetic
+    (
+        _with(REPLICA_INDEX_OFFSET="3"),
+        "POPDIST_REPLICA_INDEX_OFFSET=3 must be a multiple of POPDIST_NUM_LOCAL_REPLICAS=2 "
+        "below POPDIST_NUM_TOTAL_REPLICAS=8",
+    ),
+    (_with(REPLICA_INDEX_OFFSET="8"), "POPDIST_REPLICA_INDEX_OFFSET=8 must be a multiple"),
+    (
+        _with(NUM_LOCAL_REPLICAS="3"),
+        "POPDIST_NUM_TOTAL_REPLICAS=8 is not a multiple of POPDIST_NUM_LOCAL_REPLICAS=3",
+    ),
+    (
+        _with(UNIFORM_REPLICAS_PER_INSTANCE="0"),
+        "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE='0': only a uniform number of replicas",
+    ),
+    (
+        _with(NUM_INSTANCES="2"),
+        "POPDIST_NUM_INSTANCES='2' disagrees with the replica variables, which give 4",
+    ),
+    (
+        _with(INSTANCE_INDEX="0"),
+        "POPDIST_INSTANCE_INDEX='0' disagrees with the replica variables, which give 1",
+    ),
+    (
+        _with(LOCAL_INSTANCE_INDEX="2"),
+        "POPDIST_LOCAL_INSTANCE_INDEX=2 must be below POPDIST_NUM_LOCAL_INSTANCES=2",
+    ),
+    (_with(OFFLINE_MODE="maybe"), "POPDIST_OFFLINE_MODE='maybe' is not a flag"),
+    # Open MPI half set or malformed
+    (
+        {env.OMPI_RANK: "1"},
+        "OMPI_COMM_WORLD_SIZE is not set but OMPI_COMM_WORLD_RANK='1' is",
+    ),
+    ({env.OMPI_SIZE: "2"}, "OMPI_COMM_WORLD_RANK is not set but OMPI_COMM_WORLD_SIZE='2' is"),
+    ({env.OMPI_SIZE: "2", env.OMPI_RANK: "2"}, "OMPI_COMM_WORLD_RANK=2 must be below"),
+    ({env.OMPI_SIZE: "x", env.OMPI_RANK: "0"}, "OMPI_COMM_WORLD_SIZE='x' is not an integer"),
+    (
+        {env.OMPI_SIZE: "2", env.OMPI_RANK: "0", env.OMPI_LOCAL_SIZE: "zero"},
+        "OMPI_COMM_WORLD_LOCAL_SIZE='zero' is not an integer",
+    ),
+]
+
+
+@pytest.mark.parametrize(("environ", "message"), MALFORMED)
+def test_malformed_environment_raises_naming_variable_and_value(
+    environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(PopdistError) as info:
+        read_run(environ)
+    assert str(info.value).startswith(message)
+    assert isinstance(info.value, RuntimeError)
+    assert "\n" not in str(info.value)
+
+
+def test_records_are_immutable_and_comparable() -> None:
+    view = read_run({})
+    with pytest.raises(AttributeError, match="immutable"):
+        view.num_instances = 2  # type: ignore[misc]
+    assert view.replace(num_instances=2).num_instances == 2
+    assert view.as_dict()["num_instances"] == 1
+    assert next(iter(view.as_dict())) == "num_total_replicas"
+    assert hash(view) == hash(RunView())
+    assert "num_instances=1" in repr(view)
+    assert view != object()
+
+
+def test_cache_and_offline_read_without_poprun() -> None:
+    view = read_run({env.EXECUTABLE_CACHE_PATH: "/tmp/c", env.OFFLINE_MODE: "1"})
+    assert (view.executable_cache_path, view.offline_mode, view.from_poprun) == (
+        "/tmp/c",
+        True,
+        False,
+    )
