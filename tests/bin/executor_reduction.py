@@ -1,0 +1,70 @@
+"""Child of tests/parallel/test_executor_horovod.py (2 processes under mpirun).
+
+Checks, and exits non-zero with a message if not: one allreduce per parameter per weight
+update (none on intermediate accumulation steps); Sum reduction sums over instances;
+broadcastBuffers(False) leaves buffers alone while parameters are broadcast; prints OK.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import horovod.torch as hvd
+import torch
+from torch import nn
+
+import popdist_torch as poptorch
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+        self.register_buffer("marker", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return poptorch.identity_loss(self.fc(x).sum(), reduction="none")
+
+
+def fail(message: str) -> None:
+    print(f"FAIL rank {hvd.rank()}: {message}", flush=True)
+    sys.exit(1)
+
+
+def main() -> None:
+    opts = poptorch.Options().deviceIterations(2).replicationFactor(2).broadcastBuffers(False)
+    opts.Training.gradientAccumulation(3)
+    opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Sum)
+    rank = opts.Distributed.processId
+    torch.manual_seed(rank)
+    model = Net()
+    model.marker.fill_(rank)
+    wrapped = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=1.0))
+    if model.marker.item() != rank:
+        fail("broadcastBuffers(False) but the buffer was broadcast")
+    start = model.fc.weight.detach().clone()
+    launches: list[str] = []
+    real = hvd.allreduce_async_
+
+    def counting(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+        launches.append(str(kwargs.get("name")))
+        return real(tensor, *args, **kwargs)
+
+    hvd.allreduce_async_ = counting
+    # every sample is x = rank + 1: d(sum fc(x))/dW = 2 rows of x summed over samples
+    micro = 2
+    x = torch.full((2 * 3 * 2 * micro, 3), float(rank + 1))
+    wrapped(x)
+    params = len(list(model.parameters()))
+    if len(launches) != 2 * params:
+        fail(f"{len(launches)} allreduce launches for 2 updates of {params} parameters")
+    # Sum over 2 instances x 3 steps x 2 replicas x micro samples: grad per weight entry
+    per_update = sum(3 * 2 * micro * (r + 1) for r in range(hvd.size()))
+    expected = start - 2 * per_update
+    if not torch.allclose(model.fc.weight, expected):
+        fail(f"weights {model.fc.weight.tolist()} != expected {expected.tolist()}")
+    print("OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()
