@@ -258,11 +258,9 @@ class PoplarExecutor:
             return
         if self._training:
             check_accumulation(strategy, self._options.Training.gradient_accumulation)
+        # Under poprun: --ipus-per-replica; otherwise (None) as many devices as the stages
+        # name, which the runner learns when it splits the model (auto-staging included).
         devices = getattr(self._options, "ipus_per_replica", None)
-        if devices is None:
-            stages = getattr(strategy, "stages", ()) or ()
-            ids = [s.ipu_id for s in stages if getattr(s, "ipu_id", None) is not None]
-            devices = max(ids) + 1 if ids else max(len(stages), 1)
         self._runner = StageRunner(self._user_model, strategy, num_devices=devices)
 
     # -- PopTorch's executor surface ----------------------------------------------------
