@@ -421,3 +421,51 @@ def test_record_schedule_and_chrome_trace() -> None:
     assert {e["name"] for e in spans if e["tid"] == 2} == {"F0", "F1", "F2", "B0", "B1", "B2"}
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert names == {"device 0", "device 1", "device 2", "stage 0", "stage 1", "stage 2"}
+
+
+# -- through the executor -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", [None, "sharded"], ids=["beginblock-auto", "sharded"])
+def test_training_model_with_stages_matches_plain_training(strategy: str | None) -> None:
+    """trainingModel routes a staged model's step through the runner, outside poprun too."""
+    import popdist_torch as poptorch
+
+    class Loss(BeginNet):
+        def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> Any:
+            return super().forward(x, y)
+
+    torch.manual_seed(0)
+    base = Loss()
+    mbs = micro_batches(3)
+    ref = copy.deepcopy(base)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    sequential_grads(ref, mbs, 1 / 3)
+    ref_opt.step()
+
+    model = copy.deepcopy(base)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(3)
+    if strategy == "sharded":
+        opts.setExecutionStrategy(ShardedExecution())
+    training = poptorch.trainingModel(
+        model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    with record_schedule() as events:
+        training(torch.cat([x for x, _ in mbs]), torch.cat([y for _, y in mbs]))
+    assert sorted((e.stage, e.kind, e.micro_batch) for e in events) == sorted(
+        (s, k, m) for s in range(3) for k in "FB" for m in range(3)
+    )
+    for (name, p), q in zip(ref.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=name)
+
+    inf_opts = poptorch.Options().deviceIterations(3)
+    if strategy == "sharded":
+        inf_opts.setExecutionStrategy(ShardedExecution())
+    inference = poptorch.inferenceModel(model.eval(), inf_opts)
+    x = torch.cat([x for x, _ in mbs])
+    with record_schedule() as events:
+        got = inference(x)
+    assert {(e.stage, e.kind) for e in events} == {(0, "F"), (1, "F"), (2, "F")}
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-6, atol=0)
