@@ -31,7 +31,7 @@ BOOL_OPTIONS = frozenset(
         "--dry-run",
     }
 )
-_BOOL_WORDS = frozenset({"yes", "no", "true", "false", "1", "0", "on", "off", "y", "n"})
+_BOOL_WORDS = frozenset({"yes", "no", "true", "false", "1", "0"})
 
 app = typer.Typer(
     rich_markup_mode=None,

@@ -14,12 +14,14 @@ from __future__ import annotations
 import collections
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from poprun.mpirun import PID_MARKER
 
+_TRACEBACK = b"Traceback (most recent call last):"
 _TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 _TAG_PREFIX = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]{0,7}>?)?)?)?")
 #: How many of an instance's last stderr lines the failure report quotes.
@@ -150,6 +152,8 @@ class InstanceStream:
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES)
     )
     _marker_pending: bytes | None = None
+    #: When this stream first showed a Python traceback (monotonic seconds), if ever.
+    traceback_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.on_pid is not None:
@@ -191,6 +195,8 @@ class InstanceStream:
         for line in lines:
             if line.endswith(b"\n") or not line.endswith(b"\r"):
                 self.tail.append(line)
+            if self.traceback_at is None and line.startswith(_TRACEBACK):
+                self.traceback_at = time.monotonic()
         if self.console is not None:
             head = prefix(self.instance, self.kind)
             self.console.write(b"".join(head + line for line in lines))

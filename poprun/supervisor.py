@@ -27,7 +27,7 @@ from poprun.config import RunConfig
 from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIMEOUT
 from poprun.hosts import is_local
 from poprun.output import InstanceStream, TagDemux, open_output_file
-from poprun.report import MpirunMessages, failure_report
+from poprun.report import Failure, MpirunMessages, failure_report
 from poprun.topology import Topology
 
 #: After the first failure, a signal or the time-out: how long mpirun gets to end the job
@@ -76,6 +76,10 @@ class Supervisor:
         self._kill_at: float | None = None
         self._timed_out = False
         self._still_running: list[int] = []
+        self._selector: selectors.BaseSelector | None = None
+        self._pidfds: dict[int, int] = {}  # pidfd -> instance (local instances only)
+        self.exited: list[int] = []  # local instances in the order they ended
+        self._exited_at_abort: list[int] | None = None
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -105,6 +109,14 @@ class Supervisor:
     def _on_pid(self, instance: int, pid: int) -> None:
         self.pids[instance] = pid
         log.debug(f"instance {instance} has pid {pid}")
+        if self._selector is not None and is_local(self.topology.instances[instance].host):
+            try:  # a pidfd tells us when the instance ends, in order (not its status)
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                self.exited.append(instance)
+                return
+            self._pidfds[pidfd] = instance
+            self._selector.register(pidfd, selectors.EVENT_READ)
 
     def _on_instance(self, instance: int, kind: str, data: bytes) -> None:
         self._stream(instance, kind).feed(data)
@@ -113,7 +125,8 @@ class Supervisor:
         for line in self.messages.feed_line(data.decode("utf-8", "replace")):
             sys.stderr.write(line + "\n")
         log.debug(f"mpirun: {data.decode('utf-8', 'replace').rstrip()}")
-        if self.messages.aborting and self._kill_at is None:
+        if self.messages.aborting and self._exited_at_abort is None:
+            self._exited_at_abort = list(self.exited)
             self._kill_at = time.monotonic() + GRACE_S
 
     # --- the run ------------------------------------------------------------------------------
@@ -160,7 +173,7 @@ class Supervisor:
             sys.stderr.flush()
             for handle in self._files:
                 handle.close()
-        return self._exit_code(returncode, time.monotonic() - started)
+        return self._exit_code(returncode)
 
     def _record_signal(self, signum: int, frame: object) -> None:
         self._signals.append(signum)
@@ -173,6 +186,7 @@ class Supervisor:
         }
         pidfd = os.pidfd_open(proc.pid)
         selector = selectors.DefaultSelector()
+        self._selector = selector
         for fd in demux:
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ)
@@ -189,7 +203,11 @@ class Supervisor:
                 timeout = max(0.0, min(waits) - now) if waits else None
                 for key, _ in selector.select(timeout):
                     fd = key.fd
-                    if fd == pidfd:
+                    if fd in self._pidfds:
+                        self.exited.append(self._pidfds.pop(fd))
+                        selector.unregister(fd)
+                        os.close(fd)
+                    elif fd == pidfd:
                         returncode = proc.wait()
                         selector.unregister(pidfd)
                         drain_until = time.monotonic() + 1.0
@@ -227,6 +245,10 @@ class Supervisor:
                 parser.close()
                 del fd
             selector.close()
+            self._selector = None
+            for fd in self._pidfds:
+                os.close(fd)
+            self._pidfds.clear()
             os.close(pidfd)
             proc.stdout.close()
             proc.stderr.close()
@@ -242,6 +264,7 @@ class Supervisor:
         if first:
             log.info(f"received {name}: forwarding it to mpirun (PID {proc.pid})")
             self._send(proc, signum)
+            self._signal_local_instances(signal.SIGTERM)
             self._kill_at = time.monotonic() + GRACE_S
         else:
             log.info(f"received {name} again: killing the job now")
@@ -252,12 +275,15 @@ class Supervisor:
         self._still_running = self._running_instances()
         log.info(f"--timeout={self.config.timeout:g} expired: ending the job")
         self._send(proc, signal.SIGTERM)
+        self._signal_local_instances(signal.SIGTERM)
         self._kill_at = time.monotonic() + GRACE_S
 
     def _running_instances(self) -> list[int]:
         running = []
         for plan in self.topology.instances:
             pid = self.pids.get(plan.index)
+            if plan.index in self.exited:
+                continue
             if pid is None or not is_local(plan.host) or _alive(pid):
                 running.append(plan.index)
         return running
@@ -273,16 +299,20 @@ class Supervisor:
             os.killpg(proc.pid, signal.SIGKILL)  # mpirun's own session: ours alone
         self._reap_local_instances()
 
-    def _reap_local_instances(self) -> None:
-        """SIGKILL, by pid, any instance on this host that outlived mpirun."""
+    def _signal_local_instances(self, signum: int) -> None:
+        """Signal, by pid, every live instance on this host (mpirun then ends the job at once)."""
         for plan in self.topology.instances:
             pid = self.pids.get(plan.index)
-            if pid is not None and is_local(plan.host) and _alive(pid):
-                log.debug(f"instance {plan.index} (pid {pid}) outlived mpirun: SIGKILL")
+            mine = pid is not None and plan.index not in self.exited and is_local(plan.host)
+            if mine and pid is not None and _alive(pid):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, signum)
 
-    def _exit_code(self, returncode: int, elapsed: float) -> int:
+    def _reap_local_instances(self) -> None:
+        """SIGKILL, by pid, any instance on this host that outlived mpirun."""
+        self._signal_local_instances(signal.SIGKILL)
+
+    def _exit_code(self, returncode: int) -> int:
         if self._signals:
             code = 128 + self._signals[0]
             sys.stderr.write(
@@ -296,12 +326,35 @@ class Supervisor:
                 for i in self._still_running
             )
             sys.stderr.write(
-                f"poprun: --timeout={self.config.timeout:g} s expired after {elapsed:.1f} s; "
+                f"poprun: --timeout={self.config.timeout:g} s expired; "
                 f"instances still running: {running or 'none'}\n"
                 f"poprun: ended the job; exit code {EXIT_TIMEOUT}\n"
             )
             return EXIT_TIMEOUT
         failure = self.messages.failure
+        if failure is None and self._exited_at_abort:
+            # mpirun aborted without naming the process (it sometimes omits that note):
+            # the instance that ended last before the abort is the one that failed, and
+            # mpirun's own status is the first failure's.
+            last = self._exited_at_abort[-1]
+            if returncode > 128:
+                failure = Failure(last, signal=returncode - 128)
+            else:
+                failure = Failure(last, exit_code=returncode or 1)
+        if failure is not None:
+            # A Python exception in one instance often makes the *others* exit first (Horovod
+            # shuts them down): the earliest traceback is the root cause.
+            raised = sorted(
+                (s.traceback_at, i)
+                for (i, kind), s in self.streams.items()
+                if kind == "stderr" and s.traceback_at is not None
+            )
+            if raised and raised[0][1] != failure.instance:
+                log.info(
+                    f"mpirun saw instance {failure.instance} end first, but instance "
+                    f"{raised[0][1]} raised first: reporting instance {raised[0][1]}"
+                )
+                failure = Failure(raised[0][1], failure.exit_code, failure.signal)
         if failure is not None and 0 <= failure.instance < len(self.topology.instances):
             code = failure.poprun_exit_code
             if failure.exit_code is None and failure.signal is None:

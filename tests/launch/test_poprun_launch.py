@@ -1,0 +1,265 @@
+"""Real poprun → real mpirun → tiny scripts in tests/bin. No process may survive a test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, descendants
+
+pytestmark = pytest.mark.launch
+
+BIN = ROOT / "tests" / "bin"
+PY = sys.executable
+POPRUN = [PY, "-m", "poprun"]
+
+
+def poprun(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run poprun to the end; output decoded without newline translation (keeps ``\r``)."""
+    raw = subprocess.run(
+        [*POPRUN, *args],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    return subprocess.CompletedProcess(
+        raw.args, raw.returncode, raw.stdout.decode(), raw.stderr.decode()
+    )
+
+
+def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*POPRUN, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
+def wait_for_line(stream: object, needle: str, count: int = 1) -> None:
+    seen = 0
+    for line in stream:  # type: ignore[attr-defined]
+        if needle in line:
+            seen += 1
+            if seen == count:
+                return
+    raise AssertionError(f"{needle!r} never appeared")
+
+
+def assert_no_descendants(within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while descendants() and time.monotonic() < deadline:
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    assert descendants() == []
+
+
+def test_popdist_view_of_eight_replicas_on_four_instances(tmp_path: Path) -> None:
+    awkward = ["it's", 'say "hi"', "two  spaces", "$HOME", ""]
+    result = poprun(
+        "--num-replicas",
+        "8",
+        "--num-instances",
+        "4",
+        "--ipus-per-replica",
+        "2",
+        PY,
+        str(BIN / "popdist_view.py"),
+        str(tmp_path),
+        *awkward,
+        env={"SENTINEL": "a 'quoted' \"value\" with spaces"},
+    )
+    assert result.returncode == 0, result.stderr
+    views = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(4)]
+    assert [v["replica_index_offset"] for v in views] == [0, 2, 4, 6]
+    assert {v["num_local_replicas"] for v in views} == {2}
+    assert {v["num_total_replicas"] for v in views} == {8}
+    assert {v["num_ipus_per_replica"] for v in views} == {2}
+    assert [v["instance_index"] for v in views] == [0, 1, 2, 3]
+    assert [v["local_instance_index"] for v in views] == [0, 1, 2, 3]
+    for view in views:
+        assert view["argv"] == awkward
+        assert view["env"]["SENTINEL"] == "a 'quoted' \"value\" with spaces"
+        assert view["env"]["PYTHONUNBUFFERED"] == "1"
+        assert view["from_poprun"] is True
+
+
+def test_output_prefixes_partial_lines_cr_and_split_utf8(tmp_path: Path) -> None:
+    result = poprun(
+        "--num-replicas", "2", "--num-instances", "2", PY, str(BIN / "awkward_output.py")
+    )
+    assert result.returncode == 0, result.stderr
+    for i in (0, 1):
+        tag = f"[1,{i}]<stdout>:"
+        assert f"{tag}start {i} continued\n" in result.stdout
+        assert f"{tag}progress 10%\r" in result.stdout and f"{tag}progress 100%\r" in result.stdout
+        assert f"{tag}❄ from {i}\n" in result.stdout
+        assert f"{tag}last {i}\n" in result.stdout  # no trailing newline in the source
+        assert f"[1,{i}]<stderr>:to stderr {i}\n" in result.stderr
+    assert "poprun-pid" not in result.stderr
+
+
+def test_only_output_from_one_instance_while_output_dir_holds_all(tmp_path: Path) -> None:
+    out = tmp_path / "logs"
+    result = poprun(
+        "--num-replicas",
+        "2",
+        "--num-instances",
+        "2",
+        "--only-output-from-instance",
+        "1",
+        "--output-dir",
+        str(out),
+        PY,
+        str(BIN / "awkward_output.py"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "[1,1]<stdout>:last 1" in result.stdout and "[1,0]" not in result.stdout
+    assert "[1,0]" not in result.stderr
+    for i in (0, 1):
+        assert (out / f"instance-{i}.stdout").read_text().endswith(f"❄ from {i}\nlast {i}")
+        assert (out / f"instance-{i}.stderr").read_text() == f"to stderr {i}\n"
+        mode = (out / f"instance-{i}.stdout").stat().st_mode
+        assert not mode & 0o002, "log files must never be world-writable"
+
+
+@pytest.mark.parametrize(("how", "code"), [("3", 3), ("kill", 137)])
+def test_one_failing_instance_ends_the_job_with_its_code(how: str, code: int) -> None:
+    began = time.monotonic()
+    result = poprun(
+        "--num-replicas", "3", "--num-instances", "3", str(BIN / "fail_one.sh"), "1", how
+    )
+    elapsed = time.monotonic() - began
+    assert result.returncode == code, result.stderr
+    assert elapsed < 10  # sleepers would otherwise run 60 s
+    assert "poprun: instance 1 failed first" in result.stderr
+    assert "host localhost, pid " in result.stderr
+    assert "    instance 1 is failing on purpose" in result.stderr
+    assert "Primary job" not in result.stderr  # mpirun's box became poprun's report
+    assert_no_descendants()
+
+
+def test_python_exception_in_a_horovod_collective_ends_the_job() -> None:
+    pytest.importorskip("horovod.torch", reason="needs Horovod (built by the set-up)")
+    result = poprun(
+        "--num-replicas", "2", "--num-instances", "2", PY, str(BIN / "horovod_fail.py"), timeout=120
+    )
+    assert result.returncode == 1, result.stderr
+    assert "poprun: instance 1 failed first: exit code 1" in result.stderr
+    assert "RuntimeError: instance 1 fails inside the training step" in result.stderr
+    assert_no_descendants()
+
+
+def test_timeout_ends_a_hung_job_and_names_the_running_instances() -> None:
+    result = poprun(
+        "--num-replicas",
+        "3",
+        "--num-instances",
+        "3",
+        "--timeout",
+        "1.5",
+        str(BIN / "hang_after_exit0.sh"),
+    )
+    assert result.returncode == 124, result.stderr
+    line = next(line for line in result.stderr.splitlines() if "instances still running" in line)
+    assert "1 (host localhost" in line and "2 (host localhost" in line and " 0 (" not in line
+    assert_no_descendants()
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signals_are_forwarded(sig: signal.Signals, code: int) -> None:
+    proc = start(
+        "--num-replicas", "2", "--num-instances", "2", "-vv", "sh", "-c", "echo up; exec sleep 60"
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    wait_for_line(proc.stdout, "up", 2)
+    proc.send_signal(sig)
+    began = time.monotonic()
+    proc.wait(timeout=10)
+    assert time.monotonic() - began < 3.0
+    assert proc.returncode == code
+    proc.stdout.close()
+    proc.stderr.close()
+    assert_no_descendants(within=3.0)
+
+
+def test_instances_do_not_outlive_a_sigkilled_poprun() -> None:
+    proc = start(
+        "--num-replicas", "2", "--num-instances", "2", "sh", "-c", "echo up; exec sleep 60"
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    wait_for_line(proc.stdout, "up", 2)
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert_no_descendants(within=4.0)
+
+
+def test_ctrl_c_on_one_job_leaves_the_other_running(tmp_path: Path) -> None:
+    victim = start(
+        "--num-replicas", "2", "--num-instances", "2", "sh", "-c", "echo up; exec sleep 60"
+    )
+    survivor = start(
+        "--num-replicas",
+        "2",
+        "--num-instances",
+        "2",
+        "--output-dir",
+        str(tmp_path / "b"),
+        "sh",
+        "-c",
+        "echo up; sleep 2; echo done",
+    )
+    assert victim.stdout is not None and survivor.stdout is not None
+    wait_for_line(victim.stdout, "up", 2)
+    victim.send_signal(signal.SIGINT)
+    assert victim.wait(timeout=10) == 130
+    out, err = survivor.communicate(timeout=30)
+    assert survivor.returncode == 0, err
+    assert out.count("done") == 2
+    for proc in (victim,):
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+    assert_no_descendants()
+
+
+def test_soak_fifty_launches_leave_nothing_behind(tmp_path: Path) -> None:
+    shm_before = set(os.listdir("/dev/shm"))
+    env = {"TMPDIR": str(tmp_path)}
+    for _ in range(50):
+        result = poprun("--num-replicas", "2", "--num-instances", "2", "true", env=env)
+        assert result.returncode == 0, result.stderr
+    assert_no_descendants()
+    assert list(tmp_path.iterdir()) == []
+    leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if "vader" in n or "ompi" in n}
+    assert not leaked
+
+
+def test_poprun_never_imports_torch_or_horovod() -> None:
+    code = (
+        "import sys; from poprun.cli import main; "
+        "rc = main(['--num-replicas', '2', '--num-instances', '2', '--dry-run=yes', 'true']); "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod')]; "
+        "assert rc == 0 and not heavy, heavy"
+    )
+    subprocess.run([PY, "-c", code], check=True, capture_output=True, cwd=ROOT)
