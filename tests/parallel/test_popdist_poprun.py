@@ -1,0 +1,146 @@
+"""popdist under real launches: poprun 4 instances × 8 replicas, and single processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from popdist import env as contract
+
+pytestmark = pytest.mark.parallel
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = ROOT / "tests" / "bin" / "popdist_instance.py"
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without any launcher variables (the child must get them from poprun)."""
+    prefixes = ("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+
+
+def _run(
+    argv: list[str], environ: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # our own process group only
+            proc.wait()
+    return subprocess.CompletedProcess(argv, proc.returncode, output, None)
+
+
+@pytest.fixture
+def _needs_backend() -> None:
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed")
+    pytest.importorskip("horovod.torch", reason="Horovod is built by `make setup`")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("_needs_backend")
+def test_poprun_4_instances_8_replicas(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "poprun", "--num-instances", "4", "--num-replicas", "8"]
+    argv += ["--ipus-per-replica", "2", sys.executable, str(CHILD), str(tmp_path)]
+    result = _run(argv, _clean_env(), timeout=200)
+    assert result.returncode == 0, result.stdout[-4000:]
+
+    reports = {i: json.loads((tmp_path / f"instance-{i}.json").read_text()) for i in range(4)}
+    for i, got in reports.items():
+        assert {k: got[k] for k in list(got)[:10]} == {
+            "isPopdistEnvSet": True,
+            "getNumTotalReplicas": 8,
+            "getNumLocalReplicas": 2,
+            "getNumIpusPerReplica": 2,
+            "getReplicaIndexOffset": 2 * i,
+            "getInstanceIndex": i,
+            "getNumInstances": 4,
+            "getLocalInstanceIndex": i,  # all four on this host
+            "getDeviceId": 24 + i,  # 4-device groups of a 16-device system
+            "checkNumIpusPerReplica(2)": True,
+        }, f"instance {i}"
+        assert got["torch_before_init"] is False
+        assert got["initialized"] is True
+        assert got["hvd"] == [4, i]
+        assert got["grouped_mean"] == [1.5, 3.0]
+        assert got["execute_0"] == ("first from 0" if i == 0 else None)
+        assert got["execute_13"] == (f"second from {i}" if i in (1, 3) else None)
+        if i in (1, 2):
+            assert got["failure"] == ["ValueError", f"deliberate failure on {i}"]
+        else:
+            assert got["failure"] == [
+                "PopdistError",
+                "execute_on_instances: fail failed on instance(s) [1, 2]; see their error "
+                "output for the cause",
+            ]
+        assert got["after_failure_sum"] == 4.0
+        assert got["initialized_after_finalize"] is False
+    markers = sorted(p.name for p in tmp_path.iterdir() if "-ran-on-" in p.name)
+    assert markers == ["first-ran-on-0", "second-ran-on-1", "second-ran-on-3"]
+
+
+SINGLE = """
+import sys, popdist
+popdist.init()
+import horovod.torch as hvd
+print("size", hvd.size(), "rank", hvd.rank(), "init", popdist.isBackendInitialized())
+print("execute", popdist.execute_on_instances({0}, lambda: 42))
+popdist.finalizeBackend()
+print("after", popdist.isBackendInitialized())
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("_needs_backend")
+def test_init_in_a_single_process_without_poprun() -> None:
+    result = _run([sys.executable, "-c", SINGLE], _clean_env(), timeout=100)
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = [
+        line
+        for line in result.stdout.splitlines()
+        if line.split(" ")[0] in {"size", "execute", "after"}
+    ]
+    assert lines == ["size 1 rank 0 init True", "execute 42", "after False"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("_needs_backend")
+def test_init_rejects_a_run_horovod_does_not_see() -> None:
+    """A process carrying instance 1 of 4's variables but started alone: a clear error."""
+    environ = _clean_env()
+    environ.update(
+        contract.instance_environment(
+            num_total_replicas=8,
+            num_ipus_per_replica=1,
+            num_instances=4,
+            instance_index=1,
+            local_instance_index=1,
+            num_local_instances=4,
+            host="localhost",
+        )
+    )
+    code = "import popdist\ntry:\n    popdist.init()\nexcept popdist.PopdistError as e:\n    print('ERR', e)\nprint('init', popdist.isBackendInitialized())"
+    result = _run([sys.executable, "-c", code], environ, timeout=100)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (
+        "ERR Horovod sees rank 0 of 1 processes but poprun's POPDIST_* says instance 1 of 4: "
+        "start every instance from one poprun (or mpirun) command and do not mix launchers"
+    ) in result.stdout
+    assert "init False" in result.stdout
