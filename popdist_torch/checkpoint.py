@@ -137,44 +137,11 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
 # -- distribution ----------------------------------------------------------------------------
 
 
-def _instances() -> tuple[int, int]:
-    import popdist
-
-    return popdist.getInstanceIndex(), popdist.getNumInstances()
-
-
 def _on_instance_zero(fn: Callable[[], None]) -> None:
-    """Run ``fn`` on instance 0; every instance returns once it is done, or raises if it failed."""
-    index, count = _instances()
-    if count == 1:
-        fn()
-        return
-    error: BaseException | None = None
-    if index == 0:
-        try:
-            fn()
-        except BaseException as exc:  # reported to every instance below, then re-raised
-            error = exc
-    ok = _broadcast_flag(error is None)
-    if error is not None:
-        raise error
-    if not ok:
-        raise CheckpointError("saving the checkpoint failed on instance 0 (see its error output)")
-
-
-def _broadcast_flag(value: bool) -> bool:
-    """Instance 0's ``value`` on every instance; also a barrier."""
+    """Run ``fn`` on instance 0 while the others wait; a failure is raised on every instance."""
     import popdist
 
-    init = getattr(popdist, "init", None)
-    if init is not None:
-        init()
-    import horovod.torch as hvd
-
-    if not hvd.is_initialized():
-        hvd.init()
-    flag = hvd.broadcast(torch.tensor([int(value)]), root_rank=0, name="popdist_torch.checkpoint")
-    return bool(flag.item())
+    popdist.execute_on_instances({0}, fn)
 
 
 # -- public API ------------------------------------------------------------------------------
