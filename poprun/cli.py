@@ -216,17 +216,19 @@ def run(
     return Supervisor(config, topology, argv, mpirun_environment(config, environ)).run()
 
 
-def _option_table() -> dict[str, bool]:
-    """Every option name → whether it takes a value."""
+def _option_table() -> dict[str, tuple[bool, str]]:
+    """Every option name → (whether it takes a value, its long name)."""
     import typer.main
 
-    table: dict[str, bool] = {"-h": False, "--help": False}
+    table: dict[str, tuple[bool, str]] = {"-h": (False, "--help"), "--help": (False, "--help")}
     for param in typer.main.get_command(app).params:
         if param.param_type_name != "option":
             continue
         takes_value = not (getattr(param, "is_flag", False) or getattr(param, "count", False))
-        for name in (*param.opts, *param.secondary_opts):
-            table[name] = takes_value
+        names = (*param.opts, *param.secondary_opts)
+        long_name = next((n for n in names if n.startswith("--")), names[0])
+        for name in names:
+            table[name] = (takes_value, long_name)
     return table
 
 
@@ -255,7 +257,8 @@ def normalise(args: list[str]) -> tuple[list[str], list[str]]:
             close = difflib.get_close_matches(name, [n for n in table if n.startswith("--")], 1)
             hint = f"did you mean {close[0]}?" if close else "see poprun --help"
             raise PoprunError(name, None, "is not a poprun option", hint)
-        if not table[name]:
+        takes_value, long_name = table[name]
+        if not takes_value:
             if eq:
                 raise PoprunError(name, value, "takes no value", f"write just {name}")
             options.append(name)
@@ -274,7 +277,7 @@ def normalise(args: list[str]) -> tuple[list[str], list[str]]:
             else:
                 value = nxt
                 i += 1
-        options.append(f"{name}={value}")
+        options.append(f"{long_name}={value}")
         i += 1
     return options, []
 

@@ -60,5 +60,7 @@ def test_resume_gives_identical_weights(tmp_path: Path) -> None:
     for i in range(2):
         for name, value in full[0].items():
             assert torch.equal(full[i][name], value), f"instances disagree on {name}"
-            assert torch.equal(resumed[i][name], value), f"instance {i}: {name} differs after resume"
+            assert torch.equal(resumed[i][name], value), (
+                f"instance {i}: {name} differs after resume"
+            )
     assert any(not torch.equal(first[n], full[0][n]) for n in first)  # the M steps did something

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -64,10 +65,8 @@ def wait_for_line(stream: object, needle: str, count: int = 1) -> None:
 def assert_no_descendants(within: float = 5.0) -> None:
     deadline = time.monotonic() + within
     while descendants() and time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            pass
         time.sleep(0.05)
     assert descendants() == []
 

@@ -1,0 +1,250 @@
+"""Bad input: exit 2, a short message naming the option, the value and the fix; nothing
+launched (a fake mpirun first on PATH records any call) and no file written.
+
+``python -m tests.unit.test_poprun_bad_input`` prints the table in docs/bad-input.md.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from poprun.cli import main
+
+pytestmark = pytest.mark.unit
+
+FILES = {
+    "empty.hosts": "# nothing here\n\n",
+    "dup.hosts": "node0\nnode1 # second\nnode0\n",
+    "bad.yaml": "num-replicas: [1\n",
+    "unknown.yaml": "num-replicas: 2\nnum-gpus: 4\n",
+    "list.yaml": "- 1\n- 2\n",
+    "wrongtype.yaml": "num-replicas: [1, 2]\n",
+    "exists.yaml": "num-replicas: 1\n",
+    "notexec.sh": "#!/bin/sh\n",
+    "a-file": "",
+}
+
+#: (case, argv, words the one-line message must contain)
+CASES: list[tuple[str, list[str], list[str]]] = [
+    ("non-integer count", ["--num-replicas", "abc", "true"], ["--num-replicas=abc", "integer"]),
+    ("zero count", ["--num-replicas", "0", "true"], ["--num-replicas=0", "positive"]),
+    ("negative count", ["--num-instances=-2", "true"], ["--num-instances=-2", "positive"]),
+    ("fractional devices", ["--ipus-per-replica", "1.5", "true"], ["--ipus-per-replica=1.5"]),
+    ("zero devices", ["--ipus-per-replica", "0", "true"], ["--ipus-per-replica=0"]),
+    (
+        "replicas not divisible",
+        ["--num-replicas", "3", "--num-instances", "2", "true"],
+        ["--num-replicas=3", "divisible", "multiple of 2"],
+    ),
+    (
+        "more instances than replicas",
+        ["--num-replicas", "2", "--num-instances", "4", "true"],
+        ["--num-instances=4", "more than --num-replicas=2"],
+    ),
+    (
+        "unknown option",
+        ["--num-replica", "2", "true"],
+        ["--num-replica", "did you mean --num-replicas"],
+    ),
+    ("option without its value", ["--num-replicas"], ["--num-replicas", "needs a value"]),
+    ("flag given a value", ["--version=3"], ["--version", "takes no value"]),
+    ("backwards host range", ["-H", "node[3-1]", "true"], ["--host=node[3-1]", "backwards"]),
+    ("non-numeric host range", ["-H", "node[a-b]", "true"], ["--host=node[a-b]", "not N or N-M"]),
+    ("unbalanced host bracket", ["-H", "node[0-2", "true"], ["--host=node[0-2", "brackets"]),
+    (
+        "empty host in list",
+        ["-H", "a,,b", "--num-instances", "2", "--num-replicas", "2", "true"],
+        ["--host=a,,b", "empty host"],
+    ),
+    ("duplicate host", ["-H", "a,a", "true"], ["'a' is listed twice"]),
+    ("host with slots", ["-H", "a:4", "true"], ["--host=a:4", "slots"]),
+    (
+        "instances not divisible by hosts",
+        ["-H", "a,b", "--num-instances", "3", "--num-replicas", "3", "true"],
+        ["--num-instances=3", "2 hosts"],
+    ),
+    (
+        "empty host file",
+        ["--host-file", "empty.hosts", "true"],
+        ["--host-file=empty.hosts", "no hosts"],
+    ),
+    (
+        "duplicate in host file",
+        ["--host-file", "dup.hosts", "--num-instances", "2", "--num-replicas", "2", "true"],
+        ["'node0' is listed twice"],
+    ),
+    (
+        "missing host file",
+        ["--host-file", "nope.hosts", "true"],
+        ["--host-file=nope.hosts", "cannot read"],
+    ),
+    (
+        "host and host file",
+        ["-H", "a", "--host-file", "dup.hosts", "true"],
+        ["--host-file", "conflicts with -H"],
+    ),
+    (
+        "unreadable YAML",
+        ["--import-config", "missing.yaml", "true"],
+        ["--import-config=missing.yaml", "cannot read"],
+    ),
+    (
+        "malformed YAML",
+        ["--import-config", "bad.yaml", "true"],
+        ["--import-config=bad.yaml", "not valid YAML"],
+    ),
+    ("unknown YAML key", ["--import-config", "unknown.yaml", "true"], ["unknown key 'num-gpus'"]),
+    ("YAML not a mapping", ["--import-config", "list.yaml", "true"], ["not a mapping"]),
+    (
+        "YAML value of the wrong type",
+        ["--import-config", "wrongtype.yaml", "true"],
+        ["--num-replicas=[1, 2]", "whole number"],
+    ),
+    ("no program", ["--num-replicas", "2", "--num-instances", "2"], ["no program"]),
+    (
+        "program does not exist",
+        ["./no-such-program"],
+        ["program=./no-such-program", "does not exist"],
+    ),
+    (
+        "program not on PATH",
+        ["no-such-program-xyz"],
+        ["program=no-such-program-xyz", "not found on PATH"],
+    ),
+    (
+        "program not executable",
+        ["./notexec.sh"],
+        ["program=./notexec.sh", "not executable", "chmod +x"],
+    ),
+    (
+        "mpirun not on PATH",
+        ["--mpirun-missing", "/bin/true"],
+        ["mpirun", "not on PATH", "install Open MPI"],
+    ),
+    (
+        "output filter out of range",
+        ["--num-replicas", "2", "--num-instances", "2", "--only-output-from-instance", "2", "true"],
+        ["--only-output-from-instance=2", "0 to 1"],
+    ),
+    (
+        "negative output filter",
+        ["--only-output-from-instance=-1", "true"],
+        ["--only-output-from-instance=-1"],
+    ),
+    (
+        "instance local args out of range",
+        ["--instance-mpi-local-args=5:-x A", "true"],
+        ["instance 5 is out of range"],
+    ),
+    (
+        "instance local args without index",
+        ["--instance-mpi-local-args", "-x A", "true"],
+        ["no 'INDEX:' prefix"],
+    ),
+    (
+        "unbalanced quote in MPI args",
+        ["--mpi-global-args", "--mca x 'y", "true"],
+        ["--mpi-global-args", "balance the quotes"],
+    ),
+    ("negative timeout", ["--timeout=-5", "true"], ["--timeout=-5", "more than 0"]),
+    ("non-numeric timeout", ["--timeout", "soon", "true"], ["--timeout=soon", "seconds"]),
+    (
+        "unknown placement",
+        ["--process-placement", "everywhere", "true"],
+        ["--process-placement=everywhere", "spreadnuma or disabled"],
+    ),
+    ("bad yes/no value", ["--offline-mode=maybe", "true"], ["--offline-mode=maybe", "yes/no"]),
+    (
+        "conflicting NUMA options",
+        ["--numa-aware", "yes", "--process-placement", "disabled", "true"],
+        ["--numa-aware=yes", "conflicts"],
+    ),
+    (
+        "export over an existing file",
+        ["--export-config", "exists.yaml", "true"],
+        ["--export-config=exists.yaml", "--overwrite-config"],
+    ),
+    (
+        "output dir is a file",
+        ["--output-dir", "a-file", "true"],
+        ["--output-dir=a-file", "not a directory"],
+    ),
+    (
+        "bad host subnet",
+        ["--host-subnet", "10.0.0.0/99", "true"],
+        ["--host-subnet=10.0.0.0/99", "CIDR"],
+    ),
+]
+
+
+def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, *, with_mpirun: bool = True) -> Path:
+    for name, text in FILES.items():
+        (tmp / name).write_text(text)
+    fake = tmp / "fakebin"
+    fake.mkdir()
+    if with_mpirun:
+        mpirun = fake / "mpirun"
+        mpirun.write_text(f"#!/bin/sh\ntouch {tmp}/MPIRUN-WAS-CALLED\n")
+        mpirun.chmod(mpirun.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin" if with_mpirun else str(fake))
+    monkeypatch.chdir(tmp)
+    return tmp
+
+
+def run_case(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main([a for a in argv if a != "--mpirun-missing"])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(("case", "argv", "words"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_with_one_clear_line(
+    case: str, argv: list[str], words: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmp = _setup(tmp_path, monkeypatch, with_mpirun="--mpirun-missing" not in argv)
+    before = sorted(p.name for p in tmp.iterdir())
+    code, out, err = run_case(argv)
+    assert code == 2, (case, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("poprun: error: "), err
+    assert "fix:" in lines[0] and "Traceback" not in err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert out == ""
+    assert sorted(p.name for p in tmp.iterdir()) == before  # nothing launched, nothing written
+
+
+def test_there_are_at_least_thirty_cases() -> None:
+    assert len(CASES) >= 30
+
+
+def _table() -> str:  # pragma: no cover - docs generator
+    import tempfile
+
+    rows = ["| case | command line | message |", "|---|---|---|"]
+    for case, argv, _ in CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            mp = pytest.MonkeyPatch()
+            try:
+                _setup(Path(tmp), mp, with_mpirun="--mpirun-missing" not in argv)
+                _, _, err = run_case(argv)
+            finally:
+                mp.undo()
+        shown = " ".join(a for a in argv if a != "--mpirun-missing")
+        cmd = f"`poprun {shown}`" + (" (no mpirun on PATH)" if "--mpirun-missing" in argv else "")
+        message = err.strip().replace("|", "\\|")
+        rows.append(f"| {case} | {cmd.replace('|', chr(92) + '|')} | `{message}` |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os.environ.setdefault("COLUMNS", "200")
+    sys.stdout.write(_table() + "\n")
