@@ -56,7 +56,9 @@ def main() -> None:
     loader = poptorch.DataLoader(opts, data(), batch_size=2, shuffle=True)
     assert loader.combinedBatchSize == 2 * 2 * opts.replication_factor
     if phase == "resume":
-        state = load_checkpoint(directory / "ckpt.pt", model=model, optimizer=optimizer, dataloader=loader)
+        state = load_checkpoint(
+            directory / "ckpt.pt", model=model, optimizer=optimizer, dataloader=loader
+        )
         assert state["step"] == N, state["step"]
     training = poptorch.trainingModel(model, opts, optimizer=optimizer)
     steps = {"full": N + M, "first": N, "resume": M}[phase]
@@ -65,7 +67,9 @@ def main() -> None:
         x, y = next(stream)
         training(x, y)
     if phase == "first":
-        save_checkpoint(directory / "ckpt.pt", model=training, optimizer=optimizer, step=N, dataloader=loader)
+        save_checkpoint(
+            directory / "ckpt.pt", model=training, optimizer=optimizer, step=N, dataloader=loader
+        )
     torch.save(model.state_dict(), directory / f"{phase}.{popdist.getInstanceIndex()}.pt")
     print(f"OK {phase} {popdist.getInstanceIndex()} {loader.state_dict()}", flush=True)
 
