@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from popdist.env import read_run
 from popdist_torch.options import Options as _PoptorchOptions
 from popdist_torch.options import _DistributedOptions
 
@@ -41,11 +40,12 @@ class Options(_PoptorchOptions):
 
     def __init__(self, ipus_per_replica: int | None = None) -> None:
         super().__init__()
-        run = read_run()
-        local = run.num_local_replicas
-        index, count = run.instance_index, run.num_instances
+        import popdist
+
+        local = popdist.getNumLocalReplicas()
+        index, count = popdist.getInstanceIndex(), popdist.getNumInstances()
         self._ipus_per_replica = (
-            run.num_ipus_per_replica if ipus_per_replica is None else int(ipus_per_replica)
+            popdist.getNumIpusPerReplica() if ipus_per_replica is None else int(ipus_per_replica)
         )
         if self._ipus_per_replica < 1:
             raise ValueError(

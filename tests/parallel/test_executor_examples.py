@@ -1,0 +1,62 @@
+"""The executor's examples run as documented: train_digits under poprun, the listing
+launched by plain mpirun."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.parallel.test_topology_invariance import MPIRUN, ROOT, _clean_env, run_mpi
+
+pytestmark = [pytest.mark.parallel, pytest.mark.slow]
+POPRUN = ROOT / ".venv/bin/poprun"
+
+
+@pytest.mark.skipif(MPIRUN is None or not POPRUN.exists(), reason="needs mpirun and poprun")
+def test_train_digits_under_poprun() -> None:
+    cmd = [
+        str(POPRUN),
+        "--num-instances",
+        "2",
+        "--num-replicas",
+        "4",
+        sys.executable,
+        "examples/train_digits.py",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"poprun timed out:\n{out}")
+    assert proc.returncode == 0, out
+    match = re.search(
+        r"global test accuracy ([0-9.]+) \((\d+)/(\d+) samples, 2 instance\(s\) x 2 replica", out
+    )
+    assert match, out
+    assert float(match.group(1)) >= 0.9
+    assert match.group(3) == "450"  # every test sample counted once over the instances
+    assert "weights identical on every instance" in out
+    assert out.count("global test accuracy") == 1  # printed by instance 0 only
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
+def test_distributed_without_poprun_under_mpirun() -> None:
+    done = run_mpi(2, ["examples/distributed_without_poprun.py"], timeout=180)
+    assert done.returncode == 0, done.stdout
+    for pid in (0, 1):
+        assert f"process {pid}: call 0, combined batch (160, 3, 2), output (4, 2)" in done.stdout
