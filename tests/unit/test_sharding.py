@@ -192,8 +192,8 @@ def test_every_sample_used_over_two_epochs_when_leftovers_rotate(
 
 
 def test_rotation_without_shuffle_uses_every_sample() -> None:
-    # 10 samples, step 3, 1 process... 2 processes: per_proc 3, leftovers 1, tail [6, 10)?
-    # 10 // (3*2) = 1 -> per_proc 3; blocks [0,3) [3,6); leftovers 10 % 3 = 1 -> [1,4) [4,7).
+    # 10 samples, step 3, 2 processes: per_proc = 3 * (10 // 6) = 3, blocks [0,3) [3,6);
+    # leftovers = 10 % 3 = 1, so odd epochs read [1,4) [4,7) when the leftovers rotate.
     assert process_indices(10, 3, 2, 1, epoch=1) == [3, 4, 5]  # no shuffle: PopTorch keeps still
     assert process_indices(10, 3, 2, 1, epoch=1, rotate_leftovers=True) == [4, 5, 6]
     # 13 samples, step 3, 2 processes: per_proc 6, leftovers 1, tail [12, 13) used on odd epochs
