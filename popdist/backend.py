@@ -22,6 +22,7 @@ __all__ = ["finalizeBackend", "horovod", "init", "initializeBackend", "isBackend
 SETUP_HINT = "run `make setup` (which `make test` and `make demo` run first) to build it into .venv"
 
 _initialized = False
+_finalized = False
 _atexit_registered = False
 
 
@@ -46,6 +47,14 @@ def init() -> None:
     global _initialized, _atexit_registered
     if _initialized:
         return
+    if _finalized:
+        # Horovod finalises MPI on shutdown and MPI cannot be initialised twice in one
+        # process: a second start would abort the process inside MPI.
+        raise PopdistError(
+            "popdist.init() after popdist.finalizeBackend(): the backend cannot be started "
+            "twice in one process (MPI allows one initialisation); call finalizeBackend() "
+            "only when the script is done with collectives"
+        )
     run = read_run()  # a malformed environment fails before anything starts
     hvd = _import_horovod()
     hvd.init()
@@ -77,11 +86,12 @@ def isBackendInitialized() -> bool:
 
 
 def finalizeBackend() -> None:
-    """Shut the backend down (idempotent); :func:`init` may start it again afterwards."""
-    global _initialized
+    """Shut the backend down (idempotent). It cannot be started again in this process."""
+    global _initialized, _finalized
     if not _initialized:
         return
     _initialized = False
+    _finalized = True
     hvd = sys.modules.get("horovod.torch")
     if hvd is not None and hvd.is_initialized():
         hvd.shutdown()

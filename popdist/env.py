@@ -22,10 +22,14 @@ variable                                   value
 =========================================  ====================================================
 
 The first six are PopRun's own. The *required* set (:data:`REQUIRED`) must be complete or
-absent: a half-set environment is an error naming the missing variable, never a silent
-default. When it is absent, Open MPI's ``OMPI_COMM_WORLD_SIZE``/``OMPI_COMM_WORLD_RANK``/
-``OMPI_COMM_WORLD_LOCAL_RANK`` stand in (one replica per process), and without those the
-run is a single process with one replica.
+absent, and the added run variables (:data:`POPRUN_ONLY`) never come without it: a
+half-set environment is an error naming the missing variable and a present one with its
+value, never a silent default. When the set is absent, Open MPI's
+``OMPI_COMM_WORLD_SIZE``/``OMPI_COMM_WORLD_RANK`` (both, or it is an error) and
+``OMPI_COMM_WORLD_LOCAL_RANK``/``OMPI_COMM_WORLD_LOCAL_SIZE`` stand in (one replica per
+process), and without those the run is a single process with one replica. A value that is
+not an integer, out of range, or inconsistent with the others (an offset that is not a
+multiple of the local replicas, totals that do not divide) raises :class:`PopdistError`.
 
 This module is stdlib-only and cheap to import: ``poprun`` and ``popdist`` both use it.
 """

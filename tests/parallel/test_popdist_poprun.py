@@ -97,13 +97,29 @@ def test_poprun_4_instances_8_replicas(tmp_path: Path) -> None:
 
 
 SINGLE = """
-import sys, popdist
+import popdist
 popdist.init()
 import horovod.torch as hvd
 print("size", hvd.size(), "rank", hvd.rank(), "init", popdist.isBackendInitialized())
 print("execute", popdist.execute_on_instances({0}, lambda: 42))
 popdist.finalizeBackend()
 print("after", popdist.isBackendInitialized())
+try:
+    popdist.init()
+except popdist.PopdistError as exc:
+    print("again", exc)
+"""
+
+EXIT_HOOK = """
+import atexit, popdist
+
+def after_finalize():  # registered before init(), so it runs after popdist's finaliser
+    import horovod.torch as hvd
+    print("at exit initialized", hvd.is_initialized(), popdist.isBackendInitialized())
+
+atexit.register(after_finalize)
+popdist.init()
+print("started", popdist.isBackendInitialized())
 """
 
 
@@ -115,9 +131,25 @@ def test_init_in_a_single_process_without_poprun() -> None:
     lines = [
         line
         for line in result.stdout.splitlines()
-        if line.split(" ")[0] in {"size", "execute", "after"}
+        if line.split(" ")[0] in {"size", "execute", "after", "again", "at"}
     ]
-    assert lines == ["size 1 rank 0 init True", "execute 42", "after False"]
+    assert lines == [
+        "size 1 rank 0 init True",
+        "execute 42",
+        "after False",
+        "again popdist.init() after popdist.finalizeBackend(): the backend cannot be started "
+        "twice in one process (MPI allows one initialisation); call finalizeBackend() only "
+        "when the script is done with collectives",
+    ]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("_needs_backend")
+def test_backend_is_finalised_at_exit() -> None:
+    result = _run([sys.executable, "-c", EXIT_HOOK], _clean_env(), timeout=100)
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.split(" ")[0] in {"started", "at"}]
+    assert lines == ["started True", "at exit initialized False False"]
 
 
 @pytest.mark.timeout(120)
