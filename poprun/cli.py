@@ -216,20 +216,55 @@ def run(
     return Supervisor(config, topology, argv, mpirun_environment(config, environ)).run()
 
 
+_MULTIPLE = frozenset({"host", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args"})
+
+
 def _option_table() -> dict[str, tuple[bool, str]]:
-    """Every option name → (whether it takes a value, its long name)."""
-    import typer.main
+    """Every option name → (whether it takes a value, its long name).
+
+    Read from :func:`command`'s signature, not from the click command typer would build:
+    building that imports pydantic (~50 ms), which only ``--help`` needs.
+    """
+    import inspect
+    import typing
 
     table: dict[str, tuple[bool, str]] = {"-h": (False, "--help"), "--help": (False, "--help")}
-    for param in typer.main.get_command(app).params:
-        if param.param_type_name != "option":
+    hints = typing.get_type_hints(command, include_extras=True)
+    for name, parameter in inspect.signature(command).parameters.items():
+        info = next(
+            (m for m in getattr(hints[name], "__metadata__", ()) if hasattr(m, "param_decls")), None
+        )
+        if info is None or isinstance(info, typer.models.ArgumentInfo):
             continue
-        takes_value = not (getattr(param, "is_flag", False) or getattr(param, "count", False))
-        names = (*param.opts, *param.secondary_opts)
-        long_name = next((n for n in names if n.startswith("--")), names[0])
-        for name in names:
-            table[name] = (takes_value, long_name)
+        decls = list(info.param_decls or ())
+        if isinstance(info.default, str) and info.default.startswith("-"):
+            decls.insert(0, info.default)  # typer.Option("-H", "--host"): the first is a name
+        decls = decls or ["--" + name.replace("_", "-")]
+        takes_value = parameter.default is None
+        long_name = next((d for d in decls if d.startswith("--")), decls[0])
+        for decl in decls:
+            table[decl] = (takes_value, long_name)
     return table
+
+
+def _fast_values(options: list[str]) -> dict[str, Any] | None:
+    """The option values without click (start-up speed); None when click must handle it."""
+    values: dict[str, Any] = {}
+    for option in options:
+        name, _, value = option.partition("=")
+        if name in ("--help", "--version"):
+            return None
+        if name == "-v":
+            values["verbose"] = values.get("verbose", 0) + 1
+        elif name == "--vv":
+            values["verbose"] = max(values.get("verbose", 0), 2)
+        else:
+            key = name[2:].replace("-", "_")
+            if key in _MULTIPLE:
+                values.setdefault(key, []).append(value)
+            else:
+                values[key] = value
+    return values
 
 
 def normalise(args: list[str]) -> tuple[list[str], list[str]]:
@@ -291,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         options, program = normalise(args)
+        values = _fast_values(options)
+        if values is not None:
+            return run(values, tuple(program))
         command_ = typer.main.get_command(app)
         result = command_.main(
             [*options, "--", *program], prog_name="poprun", standalone_mode=False

@@ -1,0 +1,135 @@
+"""Launch overhead of poprun against bare mpirun with equivalent flags (interleaved runs).
+
+Rows: a trivial job (``python -c "import popdist"``), a job whose instances start Horovod
+(``popdist.init()`` when it exists, else ``hvd.init()``), ``import popdist`` against
+``python -c pass``, and ``poprun --help``. Prints a table and writes docs/launch-overhead.md.
+
+    .venv/bin/python benchmarks/launch_overhead.py [--repeats 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+POPRUN = str(Path(PY).parent / "poprun")
+MPIRUN_FLAGS = (
+    ["--tag-output", "--bind-to", "none", "--allow-run-as-root"]
+    if os.geteuid() == 0
+    else ["--tag-output", "--bind-to", "none"]
+)
+
+
+def _time(cmd: list[str]) -> float:
+    began = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    return time.perf_counter() - began
+
+
+def interleaved(pairs: dict[str, list[str]], repeats: int) -> dict[str, list[float]]:
+    """Run every command once per round, in the same order, ``repeats`` rounds (after one warm-up)."""
+    for cmd in pairs.values():
+        _time(cmd)
+    out: dict[str, list[float]] = {name: [] for name in pairs}
+    for _ in range(repeats):
+        for name, cmd in pairs.items():
+            out[name].append(_time(cmd))
+    return out
+
+
+def _row(name: str, values: list[float]) -> str:
+    med = statistics.median(values)
+    return (
+        f"| {name} | {med * 1000:.0f} ms | {min(values) * 1000:.0f}–{max(values) * 1000:.0f} ms |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=11)
+    args = parser.parse_args()
+
+    import popdist
+
+    init = (
+        "import popdist; popdist.init()"
+        if hasattr(popdist, "init")
+        else "import horovod.torch as hvd; hvd.init()"
+    )
+    init_note = (
+        "popdist.init()"
+        if hasattr(popdist, "init")
+        else "hvd.init() (popdist.init() does not exist yet)"
+    )
+    try:
+        import horovod.torch  # noqa: F401
+
+        have_hvd = True
+    except ImportError:
+        have_hvd = False
+
+    env_np2 = ["-np", "2", "-x", "PYTHONUNBUFFERED=1"]
+    rows: list[tuple[str, list[str]]] = [
+        ("trivial: mpirun -np 2", ["mpirun", *MPIRUN_FLAGS, *env_np2, PY, "-c", "import popdist"]),
+        (
+            "trivial: poprun 2 instances",
+            [POPRUN, "--num-instances", "2", "--num-replicas", "2", PY, "-c", "import popdist"],
+        ),
+    ]
+    if have_hvd:
+        rows += [
+            ("Horovod: mpirun -np 2", ["mpirun", *MPIRUN_FLAGS, *env_np2, PY, "-c", init]),
+            (
+                "Horovod: poprun 2 instances",
+                [POPRUN, "--num-instances", "2", "--num-replicas", "2", PY, "-c", init],
+            ),
+        ]
+    rows += [
+        ("python -c pass", [PY, "-c", "pass"]),
+        ("python -c 'import popdist'", [PY, "-c", "import popdist"]),
+        ("poprun --help", [POPRUN, "--help"]),
+    ]
+    times = interleaved(dict(rows), args.repeats)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    lines = [
+        "# Launch overhead",
+        "",
+        f"`benchmarks/launch_overhead.py --repeats {args.repeats}`: every command once per round, rounds interleaved, "
+        f"after one warm-up round; wall time of the whole command; {os.cpu_count()} CPUs; "
+        f"bare mpirun gets poprun's flags (`{' '.join(MPIRUN_FLAGS)} -x PYTHONUNBUFFERED=1`). Horovod rows: {init_note}.",
+        "",
+        "| command | median | min–max |",
+        "|---|---|---|",
+        *(_row(name, v) for name, v in times.items()),
+        "",
+        "| check | result | target |",
+        "|---|---|---|",
+        f"| poprun − mpirun, trivial job | {(med['trivial: poprun 2 instances'] - med['trivial: mpirun -np 2']) * 1000:+.0f} ms | ≤ +120 ms |",
+    ]
+    if have_hvd:
+        ratio = med["Horovod: poprun 2 instances"] / med["Horovod: mpirun -np 2"]
+        lines.append(f"| poprun / mpirun, Horovod job | {ratio:.2f}× | ≤ 1.1× |")
+    else:
+        lines.append(
+            "| poprun / mpirun, Horovod job | skipped: horovod.torch not importable | ≤ 1.1× |"
+        )
+    import_ratio = med["python -c 'import popdist'"] / med["python -c pass"]
+    lines += [
+        f"| import popdist / python -c pass | {import_ratio:.2f}× | ≤ 1.3× |",
+        f"| poprun --help | {med['poprun --help'] * 1000:.0f} ms | < 300 ms |",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    (ROOT / "docs" / "launch-overhead.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
