@@ -106,9 +106,9 @@ def global_batch_size(
 class Shard(Record):
     """One process's contiguous block of the dataset (PopTorch's ``_SubDataset``).
 
-    ``offset``: first index of the block on even epochs (the base offset); ``length``:
+    ``offset``: first index of the block before any shift (the base offset); ``length``:
     samples in the block; ``leftovers``: with ``drop_last``, ``num_samples % length``, the
-    shift of odd epochs when leftovers rotate, else 0.
+    shift of even epochs (0, 2, ...) when leftovers rotate, else 0.
     """
 
     __slots__ = ("offset", "length", "leftovers")  # noqa: RUF023 - field order
@@ -219,16 +219,16 @@ def process_indices(
 ) -> list[int]:
     """The dataset indices this process reads in ``epoch``, in order (PopTorch's order).
 
-    The block of :func:`poptorch_shard`, shifted by its leftovers on odd epochs when the
-    leftovers rotate (by default: when shuffling over more than one process, as PopTorch
-    does), and read through :func:`epoch_permutation` when ``shuffle``. With
+    The block of :func:`poptorch_shard`, shifted by its leftovers on even epochs (0, 2, ...)
+    when the leftovers rotate (by default: when shuffling over more than one process, as
+    PopTorch does: its ``swap_range`` runs before every epoch, the first included), and read through :func:`epoch_permutation` when ``shuffle``. With
     ``drop_last`` the length is a whole number of combined batches.
     """
     shard = poptorch_shard(num_samples, combined_batch_size, num_processes, process_id, drop_last)
     _check_shuffle_seed(shuffle, seed, num_processes)
     e = _non_negative("epoch", epoch)
     offset = shard.offset
-    if _rotates(shuffle, num_processes, rotate_leftovers) and e % 2 == 1:
+    if _rotates(shuffle, num_processes, rotate_leftovers) and e % 2 == 0:
         offset += shard.leftovers
     stop = offset + shard.length
     if not shuffle:
@@ -261,7 +261,7 @@ def topology_invariant_indices(
     ``[device_iteration, accumulation, local_replica, micro_batch]``.
 
     Only whole global steps are read: with ``drop_last=False`` the dataset must hold a whole
-    number of them. The ``N % G`` left-over positions are used on odd epochs (by default when
+    number of them. The ``N % G`` left-over positions are used on even epochs (by default when
     shuffling, whatever the number of processes; ``rotate_leftovers`` decides explicitly).
     """
     n = _non_negative("num_samples", num_samples)
@@ -289,7 +289,7 @@ def topology_invariant_indices(
         )
     # The default shift depends on ``shuffle`` only, never on the split, to stay invariant.
     rotate = shuffle if rotate_leftovers is None else rotate_leftovers
-    base = leftovers if rotate and e % 2 == 1 else 0
+    base = leftovers if rotate and e % 2 == 0 else 0
     order: Sequence[int] = _order(n, seed, e) if shuffle else range(n)
     width = local * micro  # this process's contiguous run within one (di, ga) slot
     row = replicas * micro  # one (di, ga) slot over all replicas

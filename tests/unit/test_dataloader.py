@@ -68,9 +68,8 @@ def reference_epochs(
     an even split; shuffled: the block is read through a permutation of the whole dataset,
     and shifted by the leftovers on alternate epochs. P == 1: torch's sampler over the
     whole dataset. The permutation itself is popdist's seeded ``epoch_permutation`` (PopTorch
-    draws it from a torch generator instead), and the shift falls on odd epochs as
-    popdist.sharding chose (PopTorch's ``swap_range`` runs before every epoch, so it shifts
-    the even ones).
+    draws it from a torch generator instead), and the shift falls on even epochs (PopTorch's
+    ``swap_range`` runs before every epoch, the first included).
     """
     if processes > 1 and drop_last:
         per = combined * (n // (combined * processes))
@@ -87,7 +86,7 @@ def reference_epochs(
         offset = base
         if shuffle:
             perm = epoch_permutation(n, seed, epoch)
-            if processes > 1 and epoch % 2 == 1:
+            if processes > 1 and epoch % 2 == 0:
                 offset = base + leftovers
             indices = [perm[i + offset] for i in range(length)]
         else:

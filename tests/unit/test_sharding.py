@@ -155,7 +155,7 @@ def test_shards_are_disjoint_and_cover_exactly_the_kept_samples(
     assert len(union) == kept
     # The kept samples: a contiguous window of the (permuted) order.
     shard0 = poptorch_shard(n, step, p_count, 0, drop_last)
-    start = shard0.offset + (shard0.leftovers if shuffle and p_count > 1 and epoch % 2 else 0)
+    start = shard0.offset + (shard0.leftovers if shuffle and p_count > 1 and epoch % 2 == 0 else 0)
     order = epoch_permutation(n, seed, epoch) if shuffle else list(range(n))
     assert sorted(union) == sorted(order[start : start + kept])
     if drop_last:
@@ -193,10 +193,11 @@ def test_every_sample_used_over_two_epochs_when_leftovers_rotate(
 
 def test_rotation_without_shuffle_uses_every_sample() -> None:
     # 10 samples, step 3, 2 processes: per_proc = 3 * (10 // 6) = 3, blocks [0,3) [3,6);
-    # leftovers = 10 % 3 = 1, so odd epochs read [1,4) [4,7) when the leftovers rotate.
-    assert process_indices(10, 3, 2, 1, epoch=1) == [3, 4, 5]  # no shuffle: PopTorch keeps still
-    assert process_indices(10, 3, 2, 1, epoch=1, rotate_leftovers=True) == [4, 5, 6]
-    # 13 samples, step 3, 2 processes: per_proc 6, leftovers 1, tail [12, 13) used on odd epochs
+    # leftovers = 10 % 3 = 1, so even epochs read [1,4) [4,7) when the leftovers rotate.
+    assert process_indices(10, 3, 2, 1, epoch=0) == [3, 4, 5]  # no shuffle: PopTorch keeps still
+    assert process_indices(10, 3, 2, 1, epoch=0, rotate_leftovers=True) == [4, 5, 6]
+    assert process_indices(10, 3, 2, 1, epoch=1, rotate_leftovers=True) == [3, 4, 5]
+    # 13 samples, step 3, 2 processes: per_proc 6, leftovers 1, tail [12, 13) used on even epochs
     used = {
         i
         for epoch in (0, 1)
@@ -210,7 +211,7 @@ def test_shuffled_rotation_alternates_epochs() -> None:
     n, step, p_count, seed = 13, 3, 2, 5
     for epoch in range(4):
         order = epoch_permutation(n, seed, epoch)
-        shift = 1 if epoch % 2 else 0
+        shift = 1 if epoch % 2 == 0 else 0  # PopTorch's swap_range precedes every epoch
         assert (
             process_indices(n, step, p_count, 1, shuffle=True, seed=seed, epoch=epoch)
             == (order[6 + shift : 12 + shift])
