@@ -243,15 +243,15 @@ def test_ctrl_c_on_one_job_leaves_the_other_running(tmp_path: Path) -> None:
 
 
 def test_soak_fifty_launches_leave_nothing_behind(tmp_path: Path) -> None:
-    shm_before = set(os.listdir("/dev/shm"))
-    env = {"TMPDIR": str(tmp_path)}
+    """50 back-to-back launches of `true`: no process, session file or segment left."""
+    # Open MPI's session directory and shared-memory segments go to tmp_path (not the
+    # /dev/shm other jobs on this host share), which must be empty afterwards.
+    env = {"TMPDIR": str(tmp_path), "OMPI_MCA_btl_vader_backing_directory": str(tmp_path)}
     for _ in range(50):
         result = poprun("--num-replicas", "2", "--num-instances", "2", "true", env=env)
         assert result.returncode == 0, result.stderr
     assert_no_descendants()
     assert list(tmp_path.iterdir()) == []
-    leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if "vader" in n or "ompi" in n}
-    assert not leaked
 
 
 def test_poprun_never_imports_torch_or_horovod() -> None:
