@@ -4,6 +4,7 @@
 """
 
 from popdist_torch import optim
+from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from popdist_torch.dataloader import DataLoader
 from popdist_torch.enums import DataLoaderMode, MeanReductionStrategy, OutputMode, ReductionType
 from popdist_torch.executor import (
@@ -22,6 +23,7 @@ from popdist_torch.options import (
 )
 
 __all__ = [
+    "CheckpointError",
     "DataLoader",
     "DataLoaderMode",
     "ExecutorError",
@@ -36,6 +38,8 @@ __all__ = [
     "UnsupportedOptionError",
     "identity_loss",
     "inferenceModel",
+    "load_checkpoint",
     "optim",
+    "save_checkpoint",
     "trainingModel",
 ]
