@@ -7,6 +7,7 @@ still seen as a descendant when the test ends.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -74,13 +75,26 @@ def _reap() -> None:
 
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return "?"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     _become_subreaper()
+
+
+TIERS = ("unit", "launch", "parallel")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its tier (its directory), so `-m unit` selects a tier."""
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(autouse=True)
@@ -112,9 +126,7 @@ def _no_surviving_children(request: pytest.FixtureRequest) -> Iterator[None]:
     if survivors:
         described = [f"{p}: {_cmdline(p)}" for p in survivors]
         for pid in survivors:  # by pid only: never a broad name
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         _reap()
         pytest.fail(f"test left child processes running: {described}")

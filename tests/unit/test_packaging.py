@@ -37,4 +37,6 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme and "make demo" in readme
-    assert [line for line in ci.splitlines() if line and not line.startswith(("#", "set ", "cd "))] == ["make test"]
+    assert [
+        line for line in ci.splitlines() if line and not line.startswith(("#", "set ", "cd "))
+    ] == ["make test"]
