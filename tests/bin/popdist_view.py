@@ -8,7 +8,14 @@ import popdist
 from popdist.env import read_run
 
 view = read_run().as_dict()
-getters = ("getInstanceIndex", "getNumInstances", "getReplicaIndexOffset", "getNumLocalReplicas", "getNumTotalReplicas", "getNumIpusPerReplica")
+getters = (
+    "getInstanceIndex",
+    "getNumInstances",
+    "getReplicaIndexOffset",
+    "getNumLocalReplicas",
+    "getNumTotalReplicas",
+    "getNumIpusPerReplica",
+)
 for name in getters:
     if hasattr(popdist, name):
         view[name] = getattr(popdist, name)()

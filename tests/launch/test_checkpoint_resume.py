@@ -2,54 +2,22 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from popdist import env
+from tests.jobs import ROOT, poprun_argv, run_job
 
 pytestmark = [pytest.mark.launch, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def poprun(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``python -m poprun ARGS`` in its own session; the whole group is killed on time-out."""
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in env.ALL and not k.startswith(("OMPI_", "PMIX_", "HOROVOD_"))
-    }
-    clean.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "poprun", *args]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=clean,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"poprun timed out:\n{out}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
 def test_resume_gives_identical_weights(tmp_path: Path) -> None:
     script = [sys.executable, str(ROOT / "tests/bin/ckpt_resume.py")]
     launch = ["--num-replicas", "4", "--num-instances", "2"]
     for phase in ("full", "first", "resume"):
-        done = poprun([*launch, *script, phase, str(tmp_path)])
+        done = run_job(poprun_argv(*launch, *script, phase, str(tmp_path)), timeout=300)
         assert done.returncode == 0, done.stdout
         assert done.stdout.count(f"OK {phase}") == 2, done.stdout
     assert (tmp_path / "ckpt.pt").is_file()

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.launch.test_checkpoint_resume import ROOT, poprun
-from tests.parallel.test_topology_invariance import run_mpi
+from tests.jobs import ROOT, poprun_argv, run_job, run_mpi
 
 pytestmark = [pytest.mark.parallel, pytest.mark.slow]
 
@@ -42,17 +41,8 @@ def check_shards(found: list[dict[str, Any]], combined: int) -> None:
 def test_popdist_options_under_poprun(
     replicas: int, instances: int, length: int, combined: int
 ) -> None:
-    done = poprun(
-        [
-            "--num-replicas",
-            str(replicas),
-            "--num-instances",
-            str(instances),
-            sys.executable,
-            SCRIPT,
-            "popdist",
-        ]
-    )
+    launch = ["--num-replicas", str(replicas), "--num-instances", str(instances)]
+    done = run_job(poprun_argv(*launch, sys.executable, SCRIPT, "popdist"))
     assert done.returncode == 0, done.stdout
     found = reports(done.stdout)
     assert [r["instance"] for r in found] == list(range(instances)), done.stdout

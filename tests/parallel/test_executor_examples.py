@@ -3,15 +3,12 @@ launched by plain mpirun."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
 
 import pytest
 
-from tests.parallel.test_topology_invariance import MPIRUN, ROOT, _clean_env, run_mpi
+from tests.jobs import MPIRUN, ROOT, run_job, run_mpi
 
 pytestmark = [pytest.mark.parallel, pytest.mark.slow]
 POPRUN = ROOT / ".venv/bin/poprun"
@@ -28,22 +25,9 @@ def test_train_digits_under_poprun() -> None:
         sys.executable,
         "examples/train_digits.py",
     ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=_clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"poprun timed out:\n{out}")
-    assert proc.returncode == 0, out
+    done = run_job(cmd)
+    out = done.stdout
+    assert done.returncode == 0, out
     match = re.search(
         r"global test accuracy ([0-9.]+) \((\d+)/(\d+) samples, 2 instance\(s\) x 2 replica", out
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.parallel.test_topology_invariance import MPIRUN, ROOT, run_mpi
+from tests.jobs import MPIRUN, ROOT, run_mpi
 
 pytestmark = pytest.mark.parallel
 

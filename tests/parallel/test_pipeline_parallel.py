@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -21,10 +19,10 @@ import torch
 from torch import nn
 
 from popdist.env import instance_environment
+from tests.jobs import ROOT, job_env, run_job
 
 pytestmark = pytest.mark.parallel
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS, GA, MICRO, INSTANCES, DEVICES = 3, 4, 3, 2, 2
 
 MODEL = """
@@ -120,25 +118,12 @@ def test_two_pipelined_replicas_train_like_one_process(tmp_path: Path) -> None:
         if index:
             argv.append(":")
         argv += ["-np", "1"]
-        for name, value in env.items():
-            argv += ["-x", f"{name}={value}"]
+        for var, setting in env.items():
+            argv += ["-x", f"{var}={setting}"]
         argv += ["-x", "PYTHONPATH", sys.executable, str(tmp_path / "child.py")]
         argv += [str(STEPS), str(GA), str(MICRO), str(tmp_path)]
-    child_env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
-    proc = subprocess.Popen(
-        argv,
-        env=child_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, output.decode()[-3000:]
+    done = run_job(argv, env=job_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}"), timeout=150)
+    assert done.returncode == 0, done.stdout[-3000:]
     got = [torch.load(tmp_path / f"weights{i}.pt") for i in range(INSTANCES)]
     expected = reference(tmp_path)
     for name, value in expected.items():
@@ -183,16 +168,8 @@ def test_poprun_two_pipelined_replicas_through_the_executor(tmp_path: Path) -> N
     argv = [sys.executable, "-m", "poprun", "--num-replicas", "2", "--num-instances", "2"]
     argv += ["--ipus-per-replica", str(DEVICES), sys.executable, str(tmp_path / "child.py")]
     argv += [str(STEPS), str(GA), str(MICRO), str(tmp_path), str(tmp_path), str(ROOT)]
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        output, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, output.decode()[-3000:]
+    done = run_job(argv, timeout=150)
+    assert done.returncode == 0, done.stdout[-3000:]
     got = [torch.load(tmp_path / f"weights{i}.pt") for i in range(INSTANCES)]
     for name, value in reference(tmp_path).items():
         assert torch.equal(got[0][name], got[1][name]), name

@@ -3,48 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from popdist import env as contract
+from tests.jobs import ROOT, job_env, run_job
 
 pytestmark = pytest.mark.parallel
 
-ROOT = Path(__file__).resolve().parents[2]
 CHILD = ROOT / "tests" / "bin" / "popdist_instance.py"
-
-
-def _clean_env() -> dict[str, str]:
-    """This environment without any launcher variables (the child must get them from poprun)."""
-    prefixes = ("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_")
-    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-
-
-def _run(
-    argv: list[str], environ: dict[str, str], timeout: float
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # our own process group only
-            proc.wait()
-    return subprocess.CompletedProcess(argv, proc.returncode, output, None)
 
 
 @pytest.fixture
@@ -59,7 +29,7 @@ def _needs_backend() -> None:
 def test_poprun_4_instances_8_replicas(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "poprun", "--num-instances", "4", "--num-replicas", "8"]
     argv += ["--ipus-per-replica", "2", sys.executable, str(CHILD), str(tmp_path)]
-    result = _run(argv, _clean_env(), timeout=200)
+    result = run_job(argv, timeout=200)
     assert result.returncode == 0, result.stdout[-4000:]
 
     reports = {i: json.loads((tmp_path / f"instance-{i}.json").read_text()) for i in range(4)}
@@ -126,7 +96,7 @@ print("started", popdist.isBackendInitialized())
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("_needs_backend")
 def test_init_in_a_single_process_without_poprun() -> None:
-    result = _run([sys.executable, "-c", SINGLE], _clean_env(), timeout=100)
+    result = run_job([sys.executable, "-c", SINGLE], timeout=100)
     assert result.returncode == 0, result.stdout[-3000:]
     lines = [
         line
@@ -146,7 +116,7 @@ def test_init_in_a_single_process_without_poprun() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("_needs_backend")
 def test_backend_is_finalised_at_exit() -> None:
-    result = _run([sys.executable, "-c", EXIT_HOOK], _clean_env(), timeout=100)
+    result = run_job([sys.executable, "-c", EXIT_HOOK], timeout=100)
     assert result.returncode == 0, result.stdout[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.split(" ")[0] in {"started", "at"}]
     assert lines == ["started True", "at exit initialized False False"]
@@ -156,7 +126,7 @@ def test_backend_is_finalised_at_exit() -> None:
 @pytest.mark.usefixtures("_needs_backend")
 def test_init_rejects_a_run_horovod_does_not_see() -> None:
     """A process carrying instance 1 of 4's variables but started alone: a clear error."""
-    environ = _clean_env()
+    environ = job_env()
     environ.update(
         contract.instance_environment(
             num_total_replicas=8,
@@ -169,7 +139,7 @@ def test_init_rejects_a_run_horovod_does_not_see() -> None:
         )
     )
     code = "import popdist\ntry:\n    popdist.init()\nexcept popdist.PopdistError as e:\n    print('ERR', e)\nprint('init', popdist.isBackendInitialized())"
-    result = _run([sys.executable, "-c", code], environ, timeout=100)
+    result = run_job([sys.executable, "-c", code], env=environ, timeout=100)
     assert result.returncode == 0, result.stdout[-3000:]
     assert (
         "ERR Horovod sees rank 0 of 1 processes but poprun's POPDIST_* says instance 1 of 4: "
