@@ -157,7 +157,7 @@ def run(
     """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched)."""
     from poprun import config as cfg
     from poprun.environment import forwarded_names, mpirun_environment
-    from poprun.mpirun import build_argv, find_mpirun, quote
+    from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
     from poprun.topology import local_numa_node_count, plan, render
 
     environ = dict(os.environ if environ is None else environ)
@@ -195,6 +195,7 @@ def run(
         is_root=os.geteuid() == 0,
         local_cpus=len(os.sched_getaffinity(0)),
         numactl=numactl,
+        user_mca=mca_from_environment(environ),
     )
     if config.vipu:
         names = ", ".join(cfg.option_name(k) for k, _ in config.vipu)

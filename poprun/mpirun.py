@@ -3,6 +3,7 @@
 Shape::
 
     mpirun --tag-output --bind-to none [--allow-run-as-root] [--oversubscribe]
+           [--mca pml ob1 --mca btl self,vader,tcp]      (one host, unless the user chose)
            [--mca btl_tcp_if_include S --mca oob_tcp_if_include S] <--mpi-global-args>
            -x NAME ...                                   (forwarded by name, every instance)
            -np 1 [-H host:k] -x POPDIST_...=v ... <local args> WRAPPER [numactl ...] program args
@@ -11,6 +12,13 @@ Shape::
 ``WRAPPER`` is ``/bin/sh -c 'printf ... >&2; exec "$@"' poprun-instance``: it reports the
 instance's pid as the first line of its stderr (poprun strips it) and then *becomes* the
 program, so the program's argv is untouched and its pid is the one reported.
+
+On one host, poprun pins Open MPI to shared memory (``pml ob1``, ``btl self,vader,tcp``):
+Open MPI's default selection probes UCX and libfabric first, which costs about 0.2 s in
+every ``MPI_Init`` (so in every ``popdist.init()``) and gains nothing without a fabric
+(``benchmarks/launchers.py`` measures it). A choice the user made, by ``--mca`` in the
+mpirun args or ``OMPI_MCA_<name>`` in the environment, is left alone; runs with explicit
+hosts keep Open MPI's defaults, which pick the fabric.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ WRAPPER: tuple[str, ...] = (
     "poprun-instance",
 )
 _BINDING_FLAGS = frozenset({"--bind-to", "-bind-to"})
+#: Open MPI selections for a single-host run (see the module docstring).
+SINGLE_HOST_MCA: tuple[tuple[str, str], ...] = (("pml", "ob1"), ("btl", "self,vader,tcp"))
+_MCA_FLAGS = frozenset({"--mca", "-mca", "--gmca", "-gmca"})
 
 
 def find_mpirun(environ: Mapping[str, str]) -> str:
@@ -58,8 +69,13 @@ def build_argv(
     local_cpus: int,
     numactl: str | None = None,
     local_hosts: frozenset[str] = frozenset({"localhost"}),
+    user_mca: frozenset[str] = frozenset(),
 ) -> list[str]:
-    """The exact mpirun argv for this run (golden-tested)."""
+    """The exact mpirun argv for this run (golden-tested).
+
+    ``user_mca`` names the MCA parameters the user set in the environment
+    (``OMPI_MCA_<name>``); poprun's single-host defaults never override them.
+    """
     user_global = config.global_args()
     argv = [mpirun, "--tag-output"]
     if not _BINDING_FLAGS.intersection(user_global):
@@ -68,6 +84,13 @@ def build_argv(
         argv.append("--allow-run-as-root")
     if not topology.explicit_hosts and config.num_instances > local_cpus:
         argv.append("--oversubscribe")  # -H host:k contexts carry their own slot counts
+    if not topology.explicit_hosts:
+        chosen = user_mca | _mca_names(user_global)
+        for plan in topology.instances:
+            chosen |= _mca_names(config.local_args(plan.index))
+        for name, value in SINGLE_HOST_MCA:
+            if name not in chosen:
+                argv += ["--mca", name, value]
     if config.host_subnet:
         argv += ["--mca", "btl_tcp_if_include", config.host_subnet]
         argv += ["--mca", "oob_tcp_if_include", config.host_subnet]
@@ -90,6 +113,17 @@ def build_argv(
             argv += [numactl, f"--cpunodebind={nodes}", f"--membind={nodes}"]
         argv += config.program
     return argv
+
+
+def _mca_names(args: Sequence[str]) -> set[str]:
+    """The MCA parameter names that ``--mca NAME VALUE`` pairs in ``args`` set."""
+    return {args[i + 1] for i, arg in enumerate(args[:-1]) if arg in _MCA_FLAGS}
+
+
+def mca_from_environment(environ: Mapping[str, str]) -> frozenset[str]:
+    """MCA parameter names set as ``OMPI_MCA_<name>`` in ``environ``."""
+    prefix = "OMPI_MCA_"
+    return frozenset(k[len(prefix) :] for k in environ if k.startswith(prefix))
 
 
 def numa_counts(topology: Topology, local_count: int) -> dict[str, int]:

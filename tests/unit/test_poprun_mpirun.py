@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from poprun import config as cfg
-from poprun.mpirun import WRAPPER, build_argv
+from poprun.mpirun import WRAPPER, build_argv, mca_from_environment
 from poprun.topology import plan, spread_numa
 
 pytestmark = pytest.mark.unit
@@ -49,6 +49,7 @@ def _ctx(**values: object) -> list[str]:
 
 
 HEAD = ["mpirun", "--tag-output", "--bind-to", "none"]
+SHM = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]  # single-host defaults
 FORWARD = ["-x", "HOME", "-x", "PATH", "-x", "PYTHONUNBUFFERED"]
 
 
@@ -73,6 +74,7 @@ def test_one_by_one() -> None:
     argv = _argv(_config(program=("sh", "train.sh", "--lr", "0.1")))
     assert argv == [
         *HEAD,
+        *SHM,
         *FORWARD,
         "-np",
         "1",
@@ -91,7 +93,15 @@ def test_four_replicas_on_two_instances_as_root() -> None:
         ["-np", "1", *_ctx(**_values(4, 1, 2, i, i, 2, "localhost")), *WRAPPER, "/bin/true"]
         for i in range(2)
     ]
-    assert argv == [*HEAD, "--allow-run-as-root", *FORWARD, *contexts[0], ":", *contexts[1]]
+    assert argv == [
+        *HEAD,
+        "--allow-run-as-root",
+        *SHM,
+        *FORWARD,
+        *contexts[0],
+        ":",
+        *contexts[1],
+    ]
 
 
 def test_eight_replicas_on_four_instances_over_two_host_ranges() -> None:
@@ -150,12 +160,27 @@ def test_placement_on_and_off(placement: str) -> None:
 
 def test_user_binding_replaces_the_default() -> None:
     argv = _argv(_config(mpi_global_args=["--bind-to core"]))
-    assert argv[:4] == ["mpirun", "--tag-output", "--bind-to", "core"]
+    assert argv[:10] == ["mpirun", "--tag-output", *SHM, "--bind-to", "core"]
+
+
+def test_user_mca_choices_replace_the_single_host_defaults() -> None:
+    argv = _argv(_config(mpi_global_args=["--mca pml ucx"]))
+    assert argv[4:10] == ["--mca", "btl", "self,vader,tcp", "--mca", "pml", "ucx"]
+    argv = _argv(_config(mpi_local_args="-mca btl self,tcp"))
+    assert argv[4:7] == ["--mca", "pml", "ob1"] and argv.count("btl") == 1
+    argv = _argv(_config(), user_mca=frozenset({"pml", "btl"}))
+    assert "--mca" not in argv
+
+
+def test_mca_names_from_the_environment() -> None:
+    environ = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl_vader_x": "1", "OMPI_X": "1", "PATH": "/b"}
+    assert mca_from_environment(environ) == {"pml", "btl_vader_x"}
 
 
 def test_host_subnet_maps_to_interface_selection() -> None:
     argv = _argv(_config(host_subnet="10.5.0.0/16"))
-    assert argv[4:10] == [
+    assert argv[4:10] == SHM
+    assert argv[10:16] == [
         "--mca",
         "btl_tcp_if_include",
         "10.5.0.0/16",
@@ -167,7 +192,7 @@ def test_host_subnet_maps_to_interface_selection() -> None:
 
 def test_cache_path_goes_by_name() -> None:
     argv = _argv(_config(executable_cache_path="/tmp/with space"))
-    assert argv[4:12] == [
+    assert argv[10:18] == [
         "-x",
         "HOME",
         "-x",
