@@ -2,7 +2,8 @@
 
 Each rank times ``reps`` in-place float32 sum-allreduces per size after a warm-up; rank 0
 prints one JSON line per size with the slowest rank's median time (a collective ends when its
-last rank does). Backends: ``horovod`` (the executor's gradient path), ``mpi4py`` (raw
+last rank does). Backends: ``horovod`` (the executor's gradient path: ``popdist_torch.collectives``
+``GradientReducer`` over one parameter of the given size), ``mpi4py`` (raw
 ``MPI.Allreduce``), ``gloo`` (``torch.distributed``), and ``memory`` (numpy ``c = a + b`` in
 one process while the others wait: the memory-bandwidth reference).
 """
@@ -64,14 +65,17 @@ def main() -> None:
     elif args.backend == "horovod":
         import torch
 
-        import popdist
-        from popdist_torch.collectives import allreduce_gradients
+        from popdist_torch.collectives import GradientReducer, horovod
 
-        popdist.init()
+        hvd = horovod(size, rank)  # what trainingModel does: popdist.init(), rank check
 
         def run(n: int) -> Callable[[], None]:
-            grads = [torch.ones(n // 4, dtype=torch.float32)]
-            return lambda: allreduce_gradients(grads, average=False)
+            # One parameter of n bytes, its gradient reduced by the executor's reducer:
+            # the same allreduce_async_/synchronize calls as one weight update.
+            param = torch.nn.Parameter(torch.ones(n // 4, dtype=torch.float32))
+            param.grad = torch.ones_like(param)
+            reducer = GradientReducer(hvd, [("w", param)], average=False)
+            return reducer.reduce_all
 
     else:  # gloo
         import torch
