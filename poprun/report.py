@@ -25,6 +25,7 @@ class Failure:
     instance: int
     exit_code: int | None = None
     signal: int | None = None
+    status_known: bool = True
 
     @property
     def poprun_exit_code(self) -> int:
@@ -43,6 +44,8 @@ class Failure:
             return f"killed by signal {self.signal} ({name})"
         if self.exit_code is not None:
             return f"exit code {self.exit_code}"
+        if not self.status_known:
+            return "ended first (mpirun was stopped before it reported the exit status)"
         return "exited without finishing MPI (MPI_Finalize not called)"
 
 

@@ -31,8 +31,10 @@ from poprun.report import Failure, MpirunMessages, failure_report
 from poprun.topology import Topology
 
 #: After the first failure, a signal or the time-out: how long mpirun gets to end the job
-#: itself before poprun SIGKILLs mpirun and every instance it knows on this host.
-GRACE_S = 1.8
+#: itself before poprun SIGKILLs every instance it knows on this host...
+GRACE_S = 1.5
+#: ... and how long mpirun then gets, once its instances are killed, before it is killed too.
+MPIRUN_GRACE_S = 0.8
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
 
@@ -74,6 +76,7 @@ class Supervisor:
         self._files: list[BinaryIO] = []
         self._signals: list[int] = []
         self._kill_at: float | None = None
+        self._instances_killed = False
         self._timed_out = False
         self._still_running: list[int] = []
         self._selector: selectors.BaseSelector | None = None
@@ -234,8 +237,16 @@ class Supervisor:
                     self._time_out(proc)
                     deadline = None
                 if self._kill_at is not None and now >= self._kill_at and returncode is None:
-                    self._kill_everything(proc)
-                    self._kill_at = None
+                    if self._instances_killed:
+                        self._kill_everything(proc)
+                        self._kill_at = None
+                    else:
+                        # First the instances, by pid: mpirun then sees them end, reports the
+                        # first failure's status and exits by itself, in well under a second.
+                        log.info("the job did not end in time: sending SIGKILL to the instances")
+                        self._signal_local_instances(signal.SIGKILL)
+                        self._instances_killed = True
+                        self._kill_at = now + MPIRUN_GRACE_S
                 if drain_until is not None and now >= drain_until:
                     break  # mpirun is gone; a pipe kept open by a stray grandchild is not ours
             if returncode is None:
@@ -339,8 +350,10 @@ class Supervisor:
             last = self._exited_at_abort[-1]
             if returncode > 128:
                 failure = Failure(last, signal=returncode - 128)
-            else:
-                failure = Failure(last, exit_code=returncode or 1)
+            elif returncode > 0:
+                failure = Failure(last, exit_code=returncode)
+            else:  # mpirun itself was ended before it said: the status is not known
+                failure = Failure(last, status_known=False)
         if failure is not None:
             # A Python exception in one instance often makes the *others* exit first (Horovod
             # shuts them down): the earliest traceback is the root cause.
