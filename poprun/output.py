@@ -199,7 +199,8 @@ class InstanceStream:
                 self.traceback_at = time.monotonic()
         if self.console is not None:
             head = prefix(self.instance, self.kind)
-            self.console.write(b"".join(head + line for line in lines))
+            # A bare carriage return (progress bars start with one) needs no prefix of its own.
+            self.console.write(b"".join(line if line == b"\r" else head + line for line in lines))
 
     def _strip_marker(self, data: bytes) -> bytes:
         pending = (self._marker_pending or b"") + data

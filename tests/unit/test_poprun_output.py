@@ -77,6 +77,15 @@ def test_instance_stream_prefixes_strips_marker_and_copies() -> None:
     assert stream.tail_text() == ["first", "é no newline"]
 
 
+def test_a_progress_bar_gets_one_prefix_per_redraw() -> None:
+    # tqdm starts every redraw with a bare \r: it must not print a prefix of its own.
+    console = io.BytesIO()
+    stream = InstanceStream(0, "stderr", console)  # type: ignore[arg-type]
+    stream.feed(b"\r 10%\r 20%\r")
+    stream.close()
+    assert console.getvalue() == b"\r[1,0]<stderr>: 10%\r[1,0]<stderr>: 20%\r"
+
+
 def test_stream_without_marker_is_untouched() -> None:
     console = io.BytesIO()
     stream = InstanceStream(0, "stderr", console, on_pid=lambda i, p: None)  # type: ignore[arg-type]
