@@ -83,7 +83,9 @@ def test_a_progress_bar_gets_one_prefix_per_redraw() -> None:
     stream = InstanceStream(0, "stderr", console)  # type: ignore[arg-type]
     stream.feed(b"\r 10%\r 20%\r")
     stream.close()
-    assert console.getvalue() == b"\r[1,0]<stderr>: 10%\r[1,0]<stderr>: 20%\r"
+    assert (
+        console.getvalue() == b"\r[1,0]<stderr>: 10%\r[1,0]<stderr>: 20%\r\n"
+    )  # closed: ends the line
 
 
 def test_stream_without_marker_is_untouched() -> None:
