@@ -5,13 +5,17 @@ mpi4py ``Allreduce`` and torch.distributed gloo, each launched as ``mpirun -np 2
 interleaved; numpy ``c = a + b`` on the same sizes gives this machine's memory-bandwidth
 reference. Reports algbw = S/t and busbw = algbw·2(n-1)/n (nccl-tests' definitions).
 
-    .venv/bin/python benchmarks/allreduce.py [--rounds 3] [--quick]
+With ``--baseline DIR`` (the packages at an earlier commit) a ``horovod (before)`` backend
+times that version's gradient path in the same interleaved rounds.
+
+    .venv/bin/python benchmarks/allreduce.py [--rounds 3] [--quick] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -25,7 +29,11 @@ BACKENDS = ["horovod", "mpi4py", "gloo", "memory"]
 RANKS = 2
 
 
-def run_backend(backend: str, sizes: list[int]) -> dict[int, float]:
+def run_backend(backend: str, sizes: list[int], baseline: str | None = None) -> dict[int, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_"))}
+    if backend == "horovod (before)":
+        backend = "horovod"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [baseline, env.get("PYTHONPATH")]))
     argv = [
         *MPIRUN_BASE,
         "-np",
@@ -39,7 +47,7 @@ def run_backend(backend: str, sizes: list[int]) -> dict[int, float]:
         "--sizes",
         ",".join(map(str, sizes)),
     ]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT, env=env).stdout
     return {r["bytes"]: r["seconds"] for r in map(json.loads, filter(None, out.splitlines()))}
 
 
@@ -51,21 +59,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="sizes up to 16 MB only")
+    parser.add_argument("--baseline", help="packages of an earlier commit, for a before row")
     args = parser.parse_args()
     sizes = [s for s in SIZES if not args.quick or s <= 16 << 20]
+    backends = BACKENDS + (["horovod (before)"] if args.baseline else [])
 
     samples: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in range(args.rounds):
-        for backend in BACKENDS[r % len(BACKENDS) :] + BACKENDS[: r % len(BACKENDS)]:
-            for size, secs in run_backend(backend, sizes).items():
+        for backend in backends[r % len(backends) :] + backends[: r % len(backends)]:
+            for size, secs in run_backend(backend, sizes, args.baseline).items():
                 samples[backend][size].append(secs)
 
     busfactor = 2 * (RANKS - 1) / RANKS
     rows, results = [], {}
     for size in sizes:
-        med = {b: Summary(tuple(samples[b][size])).median for b in BACKENDS}
-        algbw = {b: size / med[b] / 1e9 for b in BACKENDS}
-        results[size] = {"algbw": algbw, "median_s": med}
+        summ = {b: Summary(tuple(samples[b][size])) for b in backends}
+        med = {b: summ[b].median for b in backends}
+        algbw = {b: size / med[b] / 1e9 for b in backends}
+        spread = {  # algbw of the slowest and the fastest round
+            b: [size / max(summ[b].samples) / 1e9, size / min(summ[b].samples) / 1e9]
+            for b in backends
+        }
+        results[size] = {"algbw": algbw, "median_s": med, "algbw_range": spread}
         rows.append(
             [
                 human(size),
@@ -76,13 +91,16 @@ def main() -> None:
                 f"{algbw['memory']:.2f}",
                 f"{algbw['horovod'] / algbw['mpi4py']:.2f}",
                 f"{100 * algbw['horovod'] / algbw['memory']:.0f}%",
+                f"{100 * algbw['mpi4py'] / algbw['memory']:.0f}%",
+                *([f"{algbw['horovod (before)']:.2f}"] if "horovod (before)" in algbw else []),
             ]
         )
     body = (
         f"{RANKS} ranks, float32 sum, in place; median of {args.rounds} interleaved launches, each "
         "the slowest rank's median over repeated calls. algbw / busbw in GB/s (busbw = algbw·2(n-1)/n; "
         "for 2 ranks they are equal). `memory` is numpy `c = a + b` over the same size in one process "
-        "(GB/s of S): the memory-bandwidth reference.\n\n"
+        "(GB/s of S): the memory-bandwidth reference. Spread (slowest–fastest round) is in "
+        "docs/allreduce.json.\n\n"
         + table(
             [
                 "size",
@@ -91,7 +109,9 @@ def main() -> None:
                 "torch gloo",
                 "numpy a+b",
                 "Horovod / MPI",
-                "% of a+b",
+                "Horovod % of a+b",
+                "MPI % of a+b",
+                *(["gradient path before"] if args.baseline else []),
             ],
             rows,
         )

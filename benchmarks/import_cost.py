@@ -115,6 +115,18 @@ def main() -> int:
     )
     print(body)
     path = write_doc("import-cost.md", "Import cost of popdist", body)
+    (ROOT / "docs" / "import-cost.json").write_text(
+        json.dumps(
+            {
+                "ratio": ratio,
+                "heavy": heavy,
+                "importtime_ms": inproc,
+                "median_s": {name: s.median for name, s in results.items()},
+                "samples": {name: s.samples for name, s in results.items()},
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0 if ratio <= TARGET and not heavy else 1
 

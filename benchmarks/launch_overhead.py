@@ -10,6 +10,7 @@ Rows: a trivial job (``python -c "import popdist"``), a job whose instances star
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -20,11 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 POPRUN = str(Path(PY).parent / "poprun")
+sys.path.insert(0, str(ROOT))
+from poprun.mpirun import SINGLE_HOST_MCA  # noqa: E402
+
 MPIRUN_FLAGS = (
     ["--tag-output", "--bind-to", "none", "--allow-run-as-root"]
     if os.geteuid() == 0
     else ["--tag-output", "--bind-to", "none"]
-)
+) + [arg for name, value in SINGLE_HOST_MCA for arg in ("--mca", name, value)]
 
 
 def _time(cmd: list[str]) -> float:
@@ -126,9 +130,19 @@ def main() -> None:
         f"| poprun --help | {med['poprun --help'] * 1000:.0f} ms | < 300 ms |",
         "",
     ]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import machine
+
+    lines.insert(2, f"Machine: {machine()}.")
+    lines.insert(3, "")
     text = "\n".join(lines)
     print(text)
     (ROOT / "docs" / "launch-overhead.md").write_text(text)
+    summary = {
+        name: {"median": med[name], "min": min(v), "max": max(v), "samples": v}
+        for name, v in times.items()
+    }
+    (ROOT / "docs" / "launch-overhead.json").write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

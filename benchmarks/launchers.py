@@ -3,9 +3,13 @@
 For 1, 2 and 4 instances: a trivial program (``python -c pass``), and a program that starts
 its launcher's collective backend (``popdist.init()`` under poprun and mpirun,
 ``init_process_group("gloo")`` + a barrier under torchrun, ``hvd.init()`` under horovodrun).
-Wall time of the whole launch, rounds interleaved, medians with spread.
+Wall time of the whole launch, rounds interleaved, medians with spread. ``mpirun`` is bare
+mpirun with Open MPI's defaults; ``mpirun + poprun MCA`` adds the shared-memory selection
+poprun passes on one host, so the two rows show what that tuning is worth by itself. With
+``--baseline DIR`` (a copy of the packages at an earlier commit, put first on PYTHONPATH) a
+``poprun (before)`` row runs that version in the same interleaved rounds.
 
-    .venv/bin/python benchmarks/launchers.py [--rounds 10] [--instances 1,2,4]
+    .venv/bin/python benchmarks/launchers.py [--rounds 10] [--instances 1,2,4] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _common import DOCS, MPIRUN_BASE, Summary, interleave, table, wall, which, write_doc
 
 PY = sys.executable
@@ -29,40 +34,57 @@ INIT_TORCH = (
 )
 
 
-def commands(n: int) -> dict[str, dict[str, list[str]]]:
+def commands(n: int, baseline: bool = False) -> dict[str, dict[str, list[str]]]:
     """{job: {launcher: argv}} for ``n`` instances."""
+    from poprun.mpirun import SINGLE_HOST_MCA
+
     poprun = [which("poprun"), "--num-instances", str(n), "--num-replicas", str(n)]
     mpirun = [*MPIRUN_BASE, "-np", str(n)]
+    mca = [arg for name, value in SINGLE_HOST_MCA for arg in ("--mca", name, value)]
     torchrun = [which("torchrun"), "--standalone", "--nproc-per-node", str(n)]
     horovodrun = [which("horovodrun"), "-np", str(n)]
-    return {
+    jobs = {
         "trivial": {
             "poprun": [*poprun, PY, "-c", TRIVIAL],
             "mpirun": [*mpirun, PY, "-c", TRIVIAL],
+            "mpirun + poprun MCA": [*mpirun, *mca, PY, "-c", TRIVIAL],
             "torchrun": [*torchrun, "--no-python", PY, "-c", TRIVIAL],
             "horovodrun": [*horovodrun, PY, "-c", TRIVIAL],
         },
         "backend": {
             "poprun": [*poprun, PY, "-c", INIT_POPDIST],
             "mpirun": [*mpirun, PY, "-c", INIT_POPDIST],
+            "mpirun + poprun MCA": [*mpirun, *mca, PY, "-c", INIT_POPDIST],
             "torchrun": [*torchrun, "--no-python", PY, "-c", INIT_TORCH],
             "horovodrun": [*horovodrun, PY, "-c", INIT_HOROVOD],
         },
     }
+    if baseline:
+        jobs["trivial"]["poprun (before)"] = jobs["trivial"]["poprun"]
+        jobs["backend"]["poprun (before)"] = jobs["backend"]["poprun"]
+    return jobs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--instances", default="1,2,4")
+    parser.add_argument("--baseline", help="packages of an earlier commit, for a before row")
     args = parser.parse_args()
     counts = [int(x) for x in args.instances.split(",")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    before_env = {
+        **env,
+        "PYTHONPATH": os.pathsep.join(filter(None, [args.baseline, env.get("PYTHONPATH")])),
+    }
 
     results: dict[str, dict[str, dict[int, Summary]]] = {}
     for n in counts:
-        for job, argvs in commands(n).items():
-            cases = {name: (lambda a=argv: wall(a, env)) for name, argv in argvs.items()}
+        for job, argvs in commands(n, bool(args.baseline)).items():
+            cases = {
+                name: (lambda a=argv, e=(before_env if "before" in name else env): wall(a, e))
+                for name, argv in argvs.items()
+            }
             for name in cases:  # warm the page cache once, untimed
                 cases[name]()
             for name, summary in interleave(cases, args.rounds).items():
@@ -81,6 +103,11 @@ def main() -> None:
         )
         ratios = []
         for n in counts:
+            if "poprun (before)" in results[job]:
+                before = results[job]["poprun (before)"][n].median
+                ratios.append(
+                    f"{n}: poprun before tuning {before:.3f} s → after {results[job]['poprun'][n].median:.3f} s"
+                )
             pop = results[job]["poprun"][n].median
             ratios.append(
                 f"{n}: poprun − mpirun = {pop - results[job]['mpirun'][n].median:+.3f} s, "
@@ -98,13 +125,47 @@ def main() -> None:
     (DOCS / "launchers.json").write_text(
         json.dumps(
             {
-                job: {name: {str(n): s.median for n, s in by_n.items()} for name, by_n in r.items()}
+                job: {
+                    name: {
+                        str(n): {"median": s.median, "iqr": s.iqr, "samples": s.samples}
+                        for n, s in by_n.items()
+                    }
+                    for name, by_n in r.items()
+                }
                 for job, r in results.items()
             },
             indent=1,
         )
     )
+    _plot(results, counts)
     print(path.read_text())
+
+
+def _plot(results: dict[str, dict[str, dict[int, Summary]]], counts: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (job, title) in zip(
+        axes, (("trivial", "python -c pass"), ("backend", "start the backend")), strict=True
+    ):
+        names = list(results[job])
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            xs = [c + (i - (len(names) - 1) / 2) * width for c in range(len(counts))]
+            meds = [results[job][name][n].median for n in counts]
+            errs = [results[job][name][n].iqr / 2 for n in counts]
+            ax.bar(xs, meds, width=width, yerr=errs, label=name, capsize=2)
+        ax.set_xticks(range(len(counts)), [f"{n} instances" for n in counts])
+        ax.set_ylabel("wall time (s)")
+        ax.set_title(f"Launch: {title}")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "launchers.png", dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,23 @@
 """Training throughput of the executor against its anchors (Horovod synthetic-benchmark method).
 
-    .venv/bin/python benchmarks/training_throughput.py [--rounds 5]
+    .venv/bin/python benchmarks/training_throughput.py [--rounds 3] [--models mlp,cnn]
 
-(a) one process, 4 local replicas of micro-batch 32 (popdist_torch) against a plain torch
-    loop on a batch of 128;
-(b) 2 processes x 1 replica, micro-batch 64 each (global batch 128): popdist_torch under
-    poprun, torchrun + DistributedDataParallel (gloo), and a Horovod DistributedOptimizer
-    loop under mpirun.
+For each model (an MLP 784-1024-512-10 of 1.33 M parameters, and a small CNN on 1x28x28:
+conv 16, conv 32, pool, linear 128, linear 10), SGD, one fixed synthetic batch, one
+compute thread per process:
 
-Same MLP (784-1024-512-10, 1.33 M parameters), SGD, one fixed synthetic batch, one compute
-thread per process.  Each launch warms up, then times ``--iters`` iterations of
-``--batches`` steps and reports the median of the global samples/s; cases are launched
-in rotating order for ``--rounds`` rounds and the table shows the median over rounds.
-Results go to docs/training-throughput.md.  ``--worker`` is the per-process entry point.
+- plain single-process torch on a batch of 64 (the 1-instance anchor) and of 128;
+- popdist_torch under poprun: 1 instance x 1 replica x 64, 1 instance x 4 local replicas
+  x 32 (issue 5: against plain torch on 128), 2 instances x 1 replica x 64;
+- torchrun + DistributedDataParallel (gloo), 1 and 2 processes x 64;
+- horovodrun + ``hvd.DistributedOptimizer``, 1 and 2 processes x 64.
+
+Each launch warms up, then times ``--iters`` iterations of ``--batches`` steps and reports
+the median of the global samples/s (rank 0's clock; every step ends in a collective, so
+the ranks run in lockstep). Cases run in rotating order for ``--rounds`` rounds; tables
+show the median over rounds and its spread. Scaling efficiency = thr(2) / (2 thr(1)) of
+the same framework. Writes docs/training-throughput.{md,json,png}. ``--worker`` is the
+per-process entry point.
 """
 
 from __future__ import annotations
@@ -27,14 +32,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-MICRO_A, REPLICAS_A = 32, 4
-MICRO_B, PROCESSES_B = 64, 2
+MICRO = 64  # per process / per replica, except the 4-replica case
+MICRO_LOCAL, LOCAL_REPLICAS = 32, 4
 
 
-def _model() -> object:
+def _model(name: str) -> Any:
     import torch
     from torch import nn
 
@@ -46,11 +52,26 @@ def _model() -> object:
             )
 
         def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out = self.net(x)
+            out = self.net(x.flatten(1))
+            return out, nn.functional.cross_entropy(out, y)
+
+    class Cnn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.features = nn.Sequential(
+                nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            )  # fmt: skip
+            self.head = nn.Sequential(
+                nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10)
+            )
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.head(self.features(x))
             return out, nn.functional.cross_entropy(out, y)
 
     torch.manual_seed(0)
-    return Mlp()
+    return {"mlp": Mlp, "cnn": Cnn}[name]()
 
 
 def _time(
@@ -68,14 +89,14 @@ def _time(
     return statistics.median(rates)
 
 
-def worker(kind: str, warmup: int, iters: int, batches: int) -> None:
+def worker(kind: str, model_name: str, batch: int, warmup: int, iters: int, batches: int) -> None:
+    """One process of one case; rank 0 prints ``RESULT {json}``."""
     import torch
 
     torch.set_num_threads(1)
-    model: Any = _model()
+    model = _model(model_name)
     rank, size = 0, 1
     if kind == "plain":
-        batch = MICRO_A * REPLICAS_A
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
         def step() -> None:
@@ -83,19 +104,15 @@ def worker(kind: str, warmup: int, iters: int, batches: int) -> None:
             model(x, y)[1].backward()
             opt.step()
 
-    elif kind in ("executor", "executor-dist"):
+    elif kind == "executor":
+        import popdist
+        import popdist.poptorch
         import popdist_torch as poptorch
 
-        if kind == "executor":
-            opts = poptorch.Options().replicationFactor(REPLICAS_A)
-            batch = MICRO_A * REPLICAS_A
-        else:
-            import popdist
-            import popdist.poptorch
-
+        if popdist.getNumInstances() > 1:
             popdist.init()
-            opts = popdist.poptorch.Options()
-            batch = MICRO_B * opts.replication_factor
+        opts = popdist.poptorch.Options()
+        batch = batch * opts.replication_factor
         rank, size = opts.Distributed.processId, opts.Distributed.numProcesses
         wrapped = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
 
@@ -110,7 +127,6 @@ def worker(kind: str, warmup: int, iters: int, batches: int) -> None:
         rank, size = dist.get_rank(), dist.get_world_size()
         ddp = DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        batch = MICRO_B
 
         def step() -> None:
             opt.zero_grad()
@@ -126,7 +142,6 @@ def worker(kind: str, warmup: int, iters: int, batches: int) -> None:
         opt = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
         )
-        batch = MICRO_B
 
         def step() -> None:
             opt.zero_grad()
@@ -136,7 +151,7 @@ def worker(kind: str, warmup: int, iters: int, batches: int) -> None:
     else:
         raise SystemExit(f"unknown worker {kind!r}")
     gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(batch, 784, generator=gen)
+    x = torch.randn(batch, 1, 28, 28, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
     rate = _time(step, batch * size, warmup, iters, batches)
     if rank == 0:
@@ -147,13 +162,17 @@ def worker(kind: str, warmup: int, iters: int, batches: int) -> None:
         dist.destroy_process_group()
 
 
-Any = object  # annotation placeholder for the dynamically built model
-
-
-def _launch(argv: list[str]) -> float:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("POPDIST_", "OMPI_", "PMIX_"))}
+def _launch(argv: list[str], baseline: str | None = None) -> float:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_"))
+    }
     env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [baseline, os.environ.get("PYTHONPATH"), root])
+    )
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     match = re.search(r"RESULT (\{.*\})", proc.stdout)
     if proc.returncode != 0 or not match:
@@ -163,73 +182,178 @@ def _launch(argv: list[str]) -> float:
     return float(json.loads(match.group(1))["samples_per_s"])
 
 
+#: case key -> (label, processes, launcher, worker kind, per-process/replica micro-batch)
+CASES: dict[str, tuple[str, int, str, str, int]] = {
+    "plain-64": ("plain torch, 1 process, batch 64", 1, "python", "plain", MICRO),
+    "plain-128": ("plain torch, 1 process, batch 128", 1, "python", "plain", 2 * MICRO),
+    "popdist-1x1": ("popdist_torch, poprun 1 instance x 1 replica x 64", 1, "poprun", "executor", MICRO),
+    "popdist-1x4": ("popdist_torch, poprun 1 instance x 4 replicas x 32", 1, "poprun4", "executor", MICRO_LOCAL),
+    "popdist-2x1": ("popdist_torch, poprun 2 instances x 1 replica x 64", 2, "poprun", "executor", MICRO),
+    "ddp-1": ("torchrun + DDP (gloo), 1 x 64", 1, "torchrun", "ddp", MICRO),
+    "ddp-2": ("torchrun + DDP (gloo), 2 x 64", 2, "torchrun", "ddp", MICRO),
+    "hvd-1": ("horovodrun + DistributedOptimizer, 1 x 64", 1, "horovodrun", "horovod", MICRO),
+    "hvd-2": ("horovodrun + DistributedOptimizer, 2 x 64", 2, "horovodrun", "horovod", MICRO),
+}  # fmt: skip
+
+
+def _argv(case: str, model: str, timing: list[str]) -> list[str]:
+    from benchmarks._common import which
+
+    _, n, launcher, kind, micro = CASES[case]
+    py, me = sys.executable, str(Path(__file__).resolve())
+    tail = [me, "--worker", kind, "--model", model, "--batch", str(micro), *timing]
+    if launcher == "python":
+        return [py, *tail]
+    if launcher in ("poprun", "poprun4"):
+        replicas = LOCAL_REPLICAS if launcher == "poprun4" else n
+        poprun = [which("poprun"), "--num-instances", str(n), "--num-replicas", str(replicas)]
+        return [*poprun, py, *tail]
+    if launcher == "torchrun":
+        return [which("torchrun"), "--standalone", "--nproc-per-node", str(n), *tail]
+    return [which("horovodrun"), "-np", str(n), py, *tail]
+
+
+def ratios(med: dict[str, float]) -> dict[str, float]:
+    """The derived figures, for one model."""
+    return {
+        "local_replicas_1x4_vs_plain_128": med["popdist-1x4"] / med["plain-128"],
+        "popdist_1x1_vs_plain_64": med["popdist-1x1"] / med["plain-64"],
+        "popdist_2x1_vs_ddp_2": med["popdist-2x1"] / med["ddp-2"],
+        "popdist_2x1_vs_hvd_2": med["popdist-2x1"] / med["hvd-2"],
+        "scaling_popdist": med["popdist-2x1"] / (2 * med["popdist-1x1"]),
+        "scaling_ddp": med["ddp-2"] / (2 * med["ddp-1"]),
+        "scaling_hvd": med["hvd-2"] / (2 * med["hvd-1"]),
+        "popdist_2x1_vs_plain_64": med["popdist-2x1"] / med["plain-64"],
+    }
+
+
+RATIO_LABELS = {
+    "local_replicas_1x4_vs_plain_128": ("popdist_torch 1x4x32 / plain torch batch 128", ">= 0.9"),
+    "popdist_1x1_vs_plain_64": ("popdist_torch 1x1 / plain torch (1-instance overhead)", ""),
+    "popdist_2x1_vs_ddp_2": ("popdist_torch 2x1 / torchrun + DDP 2", ">= 1.0"),
+    "popdist_2x1_vs_hvd_2": ("popdist_torch 2x1 / Horovod DistributedOptimizer 2", ">= 1.0"),
+    "scaling_popdist": ("scaling efficiency popdist_torch, 2 vs 1", ""),
+    "scaling_ddp": ("scaling efficiency torchrun + DDP, 2 vs 1", ""),
+    "scaling_hvd": ("scaling efficiency Horovod, 2 vs 1", ""),
+    "popdist_2x1_vs_plain_64": ("popdist_torch 2 instances / plain 1 process", ""),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=MICRO, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case keys")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--label", default="", help="suffix of the output files")
+    parser.add_argument(
+        "--baseline", help="packages of an earlier commit: adds a popdist-2x1-before case"
+    )
     args = parser.parse_args()
-    timing = [
-        "--warmup",
-        str(args.warmup),
-        "--iters",
-        str(args.iters),
-        "--batches",
-        str(args.batches),
-    ]
+    timing = ["--warmup", str(args.warmup), "--iters", str(args.iters)]
+    timing += ["--batches", str(args.batches)]
     if args.worker:
-        worker(args.worker, args.warmup, args.iters, args.batches)
+        worker(args.worker, args.model, args.batch, args.warmup, args.iters, args.batches)
         return
 
-    from benchmarks._common import MPIRUN_BASE, interleave, table, which, write_doc
+    from benchmarks._common import DOCS, interleave, table, write_doc
 
-    py, me = sys.executable, str(Path(__file__).resolve())
-    cases: dict[str, list[str]] = {
-        "a: plain torch, batch 128": [py, me, "--worker", "plain", *timing],
-        "a: popdist_torch, 1 x 4 replicas x 32": [py, me, "--worker", "executor", *timing],
-        "b: popdist_torch, poprun 2 x 1 x 64": [
-            which("poprun"), "--num-instances", "2", "--num-replicas", "2",
-            py, me, "--worker", "executor-dist", *timing,
-        ],
-        "b: torchrun + DDP (gloo), 2 x 64": [
-            which("torchrun"), "--standalone", "--nproc-per-node", "2", me, "--worker", "ddp", *timing,
-        ],
-        "b: Horovod DistributedOptimizer, mpirun 2 x 64": [
-            *MPIRUN_BASE, "-np", "2", py, me, "--worker", "horovod", *timing,
-        ],
-    }  # fmt: skip
-    results = interleave(
-        {name: (lambda argv=argv: _launch(argv)) for name, argv in cases.items()}, args.rounds
-    )
-    names = list(cases)
-    med = {n: results[n].median for n in names}
-    rows = [[n, f"{med[n]:.0f}", f"{results[n].iqr:.0f}", len(results[n].samples)] for n in names]
-    ratio_a = med[names[1]] / med[names[0]]
-    ratio_ddp = med[names[2]] / med[names[3]]
-    ratio_hvd = med[names[2]] / med[names[4]]
+    models = args.models.split(",")
+    keys = args.cases.split(",")
+    if args.baseline:
+        CASES["popdist-2x1-before"] = (
+            "popdist_torch 2 x 1 x 64, before tuning", *CASES["popdist-2x1"][1:]
+        )
+        keys.append("popdist-2x1-before")
+    argvs = {f"{m}/{k}": _argv(k, m, timing) for m in models for k in keys}
+    cases = {
+        name: (lambda a=argv, b=(args.baseline if "before" in name else None): _launch(a, b))
+        for name, argv in argvs.items()
+    }
+    results = interleave(cases, args.rounds)
+    out: dict[str, Any] = {"rounds": args.rounds, "timing": timing, "models": {}}
+    sections = []
+    for m in models:
+        med = {k: results[f"{m}/{k}"].median for k in keys}
+        rows = [
+            [
+                CASES[k][0],
+                f"{med[k]:.0f}",
+                f"{results[f'{m}/{k}'].iqr:.0f}",
+                f"{min(results[f'{m}/{k}'].samples):.0f}–{max(results[f'{m}/{k}'].samples):.0f}",
+            ]
+            for k in keys
+        ]
+        got = ratios(med) if set(CASES) <= set(keys) else {}
+        out["models"][m] = {
+            "samples_per_s": {k: list(results[f"{m}/{k}"].samples) for k in keys},
+            "median": med,
+            "ratios": got,
+        }
+        text = f"### {m.upper()}\n\n" + table(
+            ["case", "samples/s (median)", "IQR", "min–max"], rows
+        )
+        if got:
+            text += "\n\n" + table(
+                ["ratio", "value", "target"],
+                [[RATIO_LABELS[r][0], f"{v:.3f}", RATIO_LABELS[r][1]] for r, v in got.items()],
+            )
+        sections.append(text)
+    suffix = f"-{args.label}" if args.label else ""
+    (DOCS / f"training-throughput{suffix}.json").write_text(json.dumps(out, indent=1))
+    if set(CASES) <= set(keys):
+        _plot(out, DOCS / f"training-throughput{suffix}.png")
     body = "\n\n".join(
         [
-            __doc__.split("\n\n", 1)[1].rsplit("\n\n", 0)[0].strip(),
-            table(["case", "samples/s (median)", "IQR", "rounds"], rows),
-            table(
-                ["ratio", "value", "target"],
-                [
-                    ["(a) popdist_torch 1x4 / plain torch", f"{ratio_a:.3f}", ">= 0.9"],
-                    ["(b) popdist_torch 2x1 / torchrun + DDP", f"{ratio_ddp:.3f}", ">= 1.0"],
-                    [
-                        "(b) popdist_torch 2x1 / Horovod DistributedOptimizer",
-                        f"{ratio_hvd:.3f}",
-                        ">= 1.0",
-                    ],
-                ],
-            ),
+            __doc__.split("\n\n", 2)[2].strip(),
+            f"{args.rounds} rounds; per launch {' '.join(timing)}.",
+            *sections,
+            "![training throughput](training-throughput.png)" if set(CASES) <= set(keys) else "",
         ]
     )
-    path = write_doc("training-throughput.md", "Training throughput", body)
+    path = write_doc(f"training-throughput{suffix}.md", "Training throughput", body)
     print(body)
     print(f"\nwritten to {path}")
+
+
+def _plot(out: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(out["models"])
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, m in zip(axes[0], models, strict=True):
+        med = out["models"][m]["median"]
+        groups = [
+            ("1 process", ["plain-64", "popdist-1x1", "ddp-1", "hvd-1"]),
+            ("2 processes", ["popdist-2x1", "ddp-2", "hvd-2"]),
+            ("4 local replicas", ["plain-128", "popdist-1x4"]),
+        ]
+        colours = {"plain": "grey", "popdist": "tab:blue", "ddp": "tab:orange", "hvd": "tab:green"}
+        x = 0.0
+        ticks, labels = [], []
+        for title, keys in groups:
+            for k in keys:
+                ax.bar(x, med[k], color=colours[k.split("-")[0]], width=0.8)
+                ticks.append(x)
+                labels.append(k)
+                x += 1
+            x += 0.7
+            del title
+        ax.set_xticks(ticks, labels, rotation=45, ha="right", fontsize=8)
+        ax.set_ylabel("samples/s (global)")
+        ax.set_title(f"{m.upper()}: training throughput")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
