@@ -65,16 +65,16 @@ def main() -> None:
     elif args.backend == "horovod":
         import torch
 
-        from popdist_torch.collectives import GradientReducer, horovod
+        from popdist_torch import collectives
 
-        hvd = horovod(size, rank)  # what trainingModel does: popdist.init(), rank check
+        hvd = collectives.horovod(size, rank)  # what trainingModel does: popdist.init()
 
         def run(n: int) -> Callable[[], None]:
             # One parameter of n bytes, its gradient reduced by the executor's reducer:
-            # the same allreduce_async_/synchronize calls as one weight update.
+            # the same allreduce_async_/synchronize calls as in one weight update.
             param = torch.nn.Parameter(torch.ones(n // 4, dtype=torch.float32))
             param.grad = torch.ones_like(param)
-            reducer = GradientReducer(hvd, [("w", param)], average=False)
+            reducer = collectives.GradientReducer(hvd, [("w", param)], average=False)
             return reducer.reduce_all
 
     else:  # gloo
@@ -102,6 +102,10 @@ def main() -> None:
                 ),
                 flush=True,
             )
+    if args.backend == "gloo":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()  # before MPI_Finalize, or gloo's threads abort the exit
 
 
 def _free_port() -> int:
