@@ -50,6 +50,7 @@ def _ctx(**values: object) -> list[str]:
 
 HEAD = ["mpirun", "--tag-output", "--bind-to", "none"]
 SHM = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]  # single-host defaults
+YIELD = ["--mca", "mpi_yield_when_idle", "1"]  # ... when threads outnumber the cores
 FORWARD = ["-x", "HOME", "-x", "PATH", "-x", "PYTHONUNBUFFERED"]
 
 
@@ -97,11 +98,26 @@ def test_four_replicas_on_two_instances_as_root() -> None:
         *HEAD,
         "--allow-run-as-root",
         *SHM,
+        *YIELD,
         *FORWARD,
         *contexts[0],
         ":",
         *contexts[1],
     ]
+
+
+@pytest.mark.parametrize(
+    ("instances", "cpus", "yields"), [(1, 2, False), (2, 2, True), (2, 4, False), (3, 4, True)]
+)
+def test_waiting_mpi_yields_when_instance_threads_outnumber_cores(
+    instances: int, cpus: int, yields: bool
+) -> None:
+    config = _config(num_replicas=str(instances), num_instances=str(instances))
+    argv = _argv(config, local_cpus=cpus)
+    assert ("mpi_yield_when_idle" in argv) is yields
+    # The user's own choice wins.
+    user = _argv(config, local_cpus=cpus, user_mca=frozenset({"mpi_yield_when_idle"}))
+    assert "mpi_yield_when_idle" not in user
 
 
 def test_eight_replicas_on_four_instances_over_two_host_ranges() -> None:
