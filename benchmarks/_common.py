@@ -97,7 +97,15 @@ def write_doc(name: str, title: str, body: str) -> Path:
     """Write ``docs/<name>`` with a title, the machine line and ``body``."""
     DOCS.mkdir(exist_ok=True)
     path = DOCS / name
-    cmd = " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    script = Path(sys.argv[0]).resolve()
+    args, skip = [], False
+    for arg in sys.argv[1:]:  # run_all's --baseline points at a temporary export: not to repeat
+        if skip or arg == "--baseline":
+            skip = not skip
+            continue
+        args.append(arg)
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    cmd = " ".join([shown.as_posix(), *args])
     path.write_text(
         f"# {title}\n\nMachine: {machine()}.\nRegenerate: `.venv/bin/python {cmd}`.\n\n{body}\n"
     )
