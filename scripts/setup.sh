@@ -74,6 +74,20 @@ sys.exit(0 if (hvd.mpi_built() and hvd.gloo_built()) else 1)
 PY
 }
 
+ensure_build_tools() {
+    local missing=()
+    command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+    command -v g++ >/dev/null 2>&1 || missing+=(g++)
+    command -v make >/dev/null 2>&1 || missing+=(make)
+    [ "${#missing[@]}" = 0 ] && return
+    local cmd="apt-get update && apt-get install -y ${missing[*]}"
+    [ "$(id -u)" = 0 ] || die "building Horovod needs ${missing[*]}; install with: sudo sh -c '$cmd'"
+    log "installing build tools: $cmd"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
 build_horovod_wheel() {
     local dest="$1" work
     work="$(mktemp -d)"
@@ -112,12 +126,12 @@ ensure_horovod() {
     if horovod_ok; then
         return
     fi
-    command -v cmake >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && apt-get install -y -qq cmake >/dev/null; }
     local pyver key dest
     pyver="$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
     key="horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-$pyver"
     dest="$CACHE_ROOT/wheels/$key"
     if ! ls "$dest"/horovod-*.whl >/dev/null 2>&1; then
+        ensure_build_tools
         build_horovod_wheel "$dest"
     else
         log "using the cached Horovod wheel in $dest"
