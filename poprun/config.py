@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from poprun.errors import PoprunError
+from poprun.errors import PoprunError, read_user_file
 from poprun.hosts import is_local, parse_host_file, parse_host_list
 
 TRUE_WORDS = frozenset({"yes", "true", "1", "on", "y"})
@@ -302,15 +302,7 @@ def _check_program(program: tuple[str, ...], environ: Mapping[str, str]) -> None
 def load_file(path: str) -> dict[str, Any]:
     """Read an ``--import-config`` YAML file (``safe_load``) into canonical keys."""
     option = "--import-config"
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as error:
-        raise PoprunError(
-            option, path, f"cannot read it ({error.strerror})", "give a readable YAML file"
-        ) from None
-    except UnicodeDecodeError:
-        raise PoprunError(option, path, "is not UTF-8 text", "give a YAML file") from None
+    text = read_user_file(option, path, "YAML file")
     import yaml  # only when a file is imported: keeps start-up light
 
     try:

@@ -25,3 +25,19 @@ class PoprunError(ValueError):
         self.fix = fix
         shown = option if value is None else f"{option}={value}"
         super().__init__(f"{shown}: {problem}; fix: {fix}")
+
+
+def read_user_file(option: str, path: str, kind: str) -> str:
+    """The UTF-8 text of a file the user named with ``option``, or a :class:`PoprunError`.
+
+    ``kind`` says what the file should be (``"a YAML file"``, ``"a host file"``).
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as error:
+        raise PoprunError(
+            option, path, f"cannot read it ({error.strerror})", f"give a readable {kind}"
+        ) from None
+    except UnicodeDecodeError:
+        raise PoprunError(option, path, "is not UTF-8 text", "save it as UTF-8 text") from None

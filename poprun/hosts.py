@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import socket
 
-from poprun.errors import PoprunError
+from poprun.errors import PoprunError, read_user_file
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -79,15 +79,7 @@ def parse_host_list(values: list[str] | tuple[str, ...], option: str = "--host")
 def parse_host_file(path: str) -> tuple[str, ...]:
     """Read one host (or range) a line; ``#`` starts a comment; blank lines are skipped."""
     option = "--host-file"
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as error:
-        raise PoprunError(
-            option, path, f"cannot read it ({error.strerror})", "give a readable file path"
-        ) from None
-    except UnicodeDecodeError:
-        raise PoprunError(option, path, "is not UTF-8 text", "list one host name a line") from None
+    text = read_user_file(option, path, "host file (one host a line)")
     hosts: list[str] = []
     for line in text.splitlines():
         entry = line.split("#", 1)[0].strip()
