@@ -267,7 +267,8 @@ def main() -> None:
     keys = args.cases.split(",")
     if args.baseline:
         CASES["popdist-2x1-before"] = (
-            "popdist_torch 2 x 1 x 64, before tuning", *CASES["popdist-2x1"][1:]
+            "popdist_torch 2 x 1 x 64, before tuning",
+            *CASES["popdist-2x1"][1:],
         )
         keys.append("popdist-2x1-before")
     argvs = {f"{m}/{k}": _argv(k, m, timing) for m in models for k in keys}
