@@ -29,16 +29,12 @@ class CollectiveError(RuntimeError):
 
 
 def horovod(num_processes: int, process_id: int) -> Any:
-    """``horovod.torch``, initialised (via ``popdist.init()`` when it exists) and checked."""
+    """``horovod.torch``, started by ``popdist.init()`` and checked against the options."""
     import popdist
 
-    init = getattr(popdist, "init", None)
-    if init is not None:
-        init()
+    popdist.init()
     import horovod.torch as hvd
 
-    if not hvd.is_initialized():
-        hvd.init()
     if hvd.size() != num_processes or hvd.rank() != process_id:
         raise CollectiveError(
             f"Options.Distributed says process {process_id} of {num_processes} but Horovod "

@@ -359,6 +359,10 @@ def build(
     def get(key: str) -> Any:
         return merged.get(key)
 
+    def flag(key: str) -> bool:
+        """A boolean option: False when absent, else its yes/no/true/false/1/0 value."""
+        return parse_bool("--" + key.replace("_", "-"), get(key)) if key in merged else False
+
     num_instances = (
         parse_count("--num-instances", get("num_instances")) if "num_instances" in merged else 1
     )
@@ -496,20 +500,14 @@ def build(
         instance_mpi_local_args=instance_local,
         only_output_from_instance=only,
         output_dir=output_dir,
-        print_topology=parse_bool("--print-topology", get("print_topology"))
-        if "print_topology" in merged
-        else False,
-        dry_run=parse_bool("--dry-run", get("dry_run")) if "dry_run" in merged else False,
+        print_topology=flag("print_topology"),
+        dry_run=flag("dry_run"),
         process_placement=placement,
-        offline_mode=parse_bool("--offline-mode", get("offline_mode"))
-        if "offline_mode" in merged
-        else False,
+        offline_mode=flag("offline_mode"),
         executable_cache_path=cache,
         host_subnet=subnet,
         timeout=timeout,
-        allow_run_as_root=parse_bool("--allow-run-as-root", get("allow_run_as_root"))
-        if "allow_run_as_root" in merged
-        else False,
+        allow_run_as_root=flag("allow_run_as_root"),
         verbose=verbose,
         vipu=vipu,
     )
