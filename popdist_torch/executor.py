@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from popdist_torch.enums import OutputMode, ReductionType
@@ -364,14 +364,16 @@ class PoplarExecutor:
         batch = _Batch(args, kwargs, self._options)
         model = self._user_model
         was_training = model.training
-        model.train(self._training)
+        if was_training != self._training:  # module.train() walks every submodule
+            model.train(self._training)
         try:
             if self._training:
                 return self._train(batch)
             with torch.no_grad():
                 return self._infer(batch)
         finally:
-            model.train(was_training)
+            if was_training != self._training:
+                model.train(was_training)
 
     def _collector(self) -> OutputCollector:
         o = self._options
@@ -400,8 +402,10 @@ class PoplarExecutor:
             else:
                 for g in range(ga):
                     last = g == ga - 1
-                    outputs = self._replicas_backward(batch.step(d, g), batch, scale, last)
-                    collector.add(d, g, outputs)
+                    keep = collector.wants(d, g)
+                    outputs = self._replicas_backward(batch.step(d, g), batch, scale, last, keep)
+                    if keep:
+                        collector.add(d, g, outputs)
             if self._reducer is not None:
                 self._reducer.finish()
             with self._optimizer_state_on_device():
@@ -413,9 +417,12 @@ class PoplarExecutor:
             self._reducer.arm()
 
     def _replicas_backward(
-        self, inputs: list[torch.Tensor], batch: _Batch, scale: float, last: bool
+        self, inputs: list[torch.Tensor], batch: _Batch, scale: float, last: bool, keep: bool
     ) -> Any:
-        """Forward and backward of every local replica of one accumulation step."""
+        """Forward and backward of every local replica of one accumulation step.
+
+        Returns the replicas' detached outputs when ``keep`` (the output mode wants them).
+        """
         r = inputs[0].shape[0]
         if r > 1 and self._fused is not False:
             if self._fused is None and _has_running_stats(self._user_model):
@@ -426,9 +433,10 @@ class PoplarExecutor:
                     outputs, losses = self._vmap_forward(inputs, batch, training=True)
                     if not losses.requires_grad:
                         _check_scalar(losses[0])
-                    (losses.sum() * scale).backward()
+                    # d(scale * sum(losses)) / d(losses) = scale, without the two extra ops
+                    losses.backward(torch.full_like(losses, scale))
                     self._fused = True
-                    return _detach(outputs)
+                    return _detach(outputs) if keep else None
                 except ExecutorError:
                     raise
                 except Exception as exc:  # vmap cannot run this model: replicas in turn
@@ -445,8 +453,9 @@ class PoplarExecutor:
             _check_scalar(loss)
             self._arm(last and i == r - 1)
             (loss * scale).backward()
-            outputs.append(_detach(out))
-        return _stack(outputs)
+            if keep:
+                outputs.append(_detach(out))
+        return _stack(outputs) if keep else None
 
     def _optimizer_zero_grad_for_retry(self) -> None:
         # A failed vmap attempt happens at the very first accumulation step of a call's
@@ -460,11 +469,13 @@ class PoplarExecutor:
         self, inputs: list[torch.Tensor], batch: _Batch, *, training: bool
     ) -> tuple[Any, torch.Tensor]:
         model = self._user_model
-        params: dict[str, torch.Tensor] = dict(model.named_parameters())
 
-        def one_replica(p: dict[str, torch.Tensor], tensors: list[torch.Tensor]) -> Any:
+        # The parameters enter unbatched, as the module's own tensors (no functional_call
+        # swapping them in and out on every call): autograd reaches them through the
+        # vmapped graph, so their .grad and hooks see the sum over replicas.
+        def one_replica(tensors: list[torch.Tensor]) -> Any:
             args, kwargs = batch.rebuild(tensors)
-            out = functional_call(model, p, args, kwargs)
+            out = model(*args, **kwargs)
             if training:
                 loss = _loss_of(out)
                 if loss.dim() != 0:
@@ -475,7 +486,7 @@ class PoplarExecutor:
                     )
             return out
 
-        out = vmap(one_replica, in_dims=(None, 0), randomness="different")(params, inputs)
+        out = vmap(one_replica, randomness="different")(inputs)
         losses = _loss_of(out) if training else torch.empty(0)
         return out, losses
 

@@ -70,5 +70,5 @@ class OutputCollector:
         flat = [tree_flatten(k) for k in kept]
         spec = flat[0][1]
         columns = zip(*(leaves for leaves, _ in flat), strict=True)
-        merged = [layout(torch.cat(col, dim=0)) for col in columns]
+        merged = [layout(col[0] if len(col) == 1 else torch.cat(col, dim=0)) for col in columns]
         return tree_unflatten(merged, spec)

@@ -378,3 +378,35 @@ def test_execution_strategy_runs_replicas_through_stages() -> None:
         ).backward()
         opt.step()
     _assert_same_weights(model, ref)
+
+
+def test_call_mode_switch_touches_only_a_module_in_the_other_mode() -> None:
+    # A module already in the wrapper's mode is left exactly as the user set it (a frozen
+    # BatchNorm stays in eval); a module in the other mode is switched for the call and
+    # switched back afterwards.
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    model[1].eval()  # frozen statistics: running_mean must not move
+    seen: list[bool] = []
+    model[1].register_forward_pre_hook(lambda m, _: seen.append(m.training))
+
+    class Loss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x).pow(2).mean()
+
+    wrapper = Loss()
+    stats = model[1].running_mean.clone()
+    poptorch.trainingModel(wrapper, _options(r=2))(torch.randn(8, 4))
+    assert seen and not any(seen)
+    torch.testing.assert_close(model[1].running_mean, stats)
+    assert wrapper.training and not model[1].training
+
+    wrapper.eval()
+    seen.clear()
+    poptorch.trainingModel(wrapper)(torch.randn(4, 4))
+    assert seen == [True]  # switched to training for the call...
+    assert not wrapper.training and not model[1].training  # ...and back
