@@ -1,11 +1,13 @@
-"""One backend's allreduce timings, run under ``mpirun -np N`` by ``benchmarks/allreduce.py``.
+"""One backend's allreduce timings, run as N poprun instances by ``benchmarks/allreduce.py``.
 
 Each rank times ``reps`` in-place float32 sum-allreduces per size after a warm-up; rank 0
 prints one JSON line per size with the slowest rank's median time (a collective ends when its
 last rank does). Backends: ``horovod`` (the executor's gradient path: ``popdist_torch.collectives``
-``GradientReducer`` over one parameter of the given size), ``mpi4py`` (raw
-``MPI.Allreduce``), ``gloo`` (``torch.distributed``), and ``memory`` (numpy ``c = a + b`` in
-one process while the others wait: the memory-bandwidth reference).
+``GradientReducer`` over one parameter of the given size), ``mpi4py`` (raw ``MPI.Allreduce`` on
+a buffer from torch's allocator, the memory gradients live in), ``mpi4py-numpy`` (the same on a
+numpy array: numpy advises the kernel to back large arrays with 2 MB pages, torch does not
+unless ``THP_MEM_ALLOC_ENABLE=1``), ``gloo`` (``torch.distributed``), and ``memory`` (numpy
+``c = a + b`` in one process while the others wait: the memory-bandwidth reference).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Callable
 
 
 def _reps(nbytes: int) -> int:
-    return max(5, min(200, (64 << 20) // max(nbytes, 1)))
+    # At least 20 calls even at 256 MB: on 2 shared cores single calls vary by 2x and more.
+    return max(20, min(200, (256 << 20) // max(nbytes, 1)))
 
 
 def _time(fn: Callable[[], None], reps: int, barrier: Callable[[], None]) -> float:
@@ -35,7 +38,9 @@ def _time(fn: Callable[[], None], reps: int, barrier: Callable[[], None]) -> flo
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", required=True, choices=["horovod", "mpi4py", "gloo", "memory"])
+    parser.add_argument(
+        "--backend", required=True, choices=["horovod", "mpi4py", "mpi4py-numpy", "gloo", "memory"]
+    )
     parser.add_argument("--sizes", required=True, help="comma-separated sizes in bytes")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -48,10 +53,14 @@ def main() -> None:
     barrier = comm.Barrier
 
     run: Callable[[int], Callable[[], None]]
-    if args.backend == "mpi4py":
+    if args.backend in ("mpi4py", "mpi4py-numpy"):
+        import torch
 
         def run(n: int) -> Callable[[], None]:
-            buf = np.ones(n // 4, dtype=np.float32)
+            if args.backend == "mpi4py":
+                buf = torch.ones(n // 4, dtype=torch.float32).numpy()  # torch's memory
+            else:
+                buf = np.ones(n // 4, dtype=np.float32)
             return lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
     elif args.backend == "memory":

@@ -48,7 +48,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             90,
             "import-cost",
         ),
-        "allreduce": ([PY, str(here / "allreduce.py"), "--rounds", "3", *b], 240, "allreduce"),
+        "allreduce": ([PY, str(here / "allreduce.py"), "--rounds", "5", *b], 420, "allreduce"),
         "training_throughput": (
             [PY, str(here / "training_throughput.py"), "--rounds", "3", *timing, *b],
             480,
@@ -210,8 +210,12 @@ def headline() -> tuple[list[Row], list[Row]]:
                 continue
             bw = ar[str(size)]["algbw"]
             r = bw["horovod"] / bw["mpi4py"]
-            _goal(goals, f"issue 7: gradient path / raw MPI allreduce algbw, {size >> 20} MB ≥ 0.9",
-                  f"{bw['horovod']:.2f} vs {bw['mpi4py']:.2f} GB/s ({100 * bw['horovod'] / bw['memory']:.0f}% of numpy a+b)",
+            _goal(goals, f"issue 7: gradient path / raw MPI allreduce algbw, {size >> 20} MB, 4 KB pages ≥ 0.9",
+                  f"{bw['horovod']:.2f} vs {bw['mpi4py']:.2f} GB/s",
+                  r, r >= 0.9)  # fmt: skip
+            r = bw["horovod-2mb"] / bw["mpi4py-numpy"]
+            _goal(goals, f"issue 7: gradient path / raw MPI allreduce algbw, {size >> 20} MB, 2 MB pages ≥ 0.9",
+                  f"{bw['horovod-2mb']:.2f} vs {bw['mpi4py-numpy']:.2f} GB/s ({100 * bw['horovod-2mb'] / bw['memory']:.0f}% of numpy a+b)",
                   r, r >= 0.9)  # fmt: skip
             if "horovod (before)" in bw:
                 b = bw["horovod (before)"]
@@ -338,9 +342,13 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
         "training thread (Horovod's idle background thread, polling MPI under "
         "`MPI_THREAD_MULTIPLE`, made it 2–3× slower than Horovod's own route at 16–64 MB); "
         "polling Horovod handles with short sleeps instead of `hvd.synchronize`'s yield loop "
-        "(no measurable change). Not met: the gradient path reaches Horovod's own allreduce "
-        "bandwidth (a raw `hvd.allreduce_` measures the same), which on this machine stays "
-        "below raw `MPI_Allreduce` at 16–64 MB.",
+        "(no measurable change); `THP_MEM_ALLOC_ENABLE=1` for every instance (2 MB pages for "
+        "all of torch's large allocations: the gradient path reaches raw MPI on numpy's 2 MB "
+        "pages, but the CNN trains about 13 % slower, because its activations are allocated "
+        "and freed every step and each fresh 2 MB page is faulted and zeroed). An earlier "
+        "report measured the gradient path at 0.72–0.80× raw MPI for 16–64 MB: that anchor "
+        "ran on a numpy array, which numpy backs with 2 MB pages, against gradients on 4 KB "
+        "pages. Measured on the same memory, the path is within the goal on both page sizes.",
         "",
         table(["measurement", "before", "after", "after / before"], tuning)
         if tuning

@@ -15,13 +15,22 @@ starts: measured on 2 cores with 2 instances, a 16 MB gradient allreduce goes fr
 3.9 to 5.1 GB/s and MLP training gains about 10 %, while the CPU the faster cycle costs is
 given back by the ``mpi_yield_when_idle`` poprun sets when cores are scarce
 (``benchmarks/allreduce.py``, ``benchmarks/training_throughput.py``).
+
+The cycle is a sleep, and Linux lets a sleeping thread oversleep by its *timer slack*
+(50 µs by default), half of a 0.1 ms cycle. Horovod's background thread is created inside
+``hvd.init()`` and inherits the slack of the thread that starts it, so :func:`init` lowers
+the slack to :data:`TIMER_SLACK_NS` around that call (only there: the caller's own slack is
+restored). Measured with 2 instances on 2 cores: a 1 MB allreduce +13 %, 4 MB +7 %.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import os
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 
 from popdist.env import PopdistError, read_run
@@ -32,6 +41,10 @@ SETUP_HINT = "run `make setup` (which `make test` and `make demo` run first) to 
 
 #: Horovod's negotiation cycle in milliseconds, unless ``HOROVOD_CYCLE_TIME`` is set.
 CYCLE_TIME_MS = "0.1"
+
+#: Timer slack (ns) Horovod's background thread inherits: its cycle sleeps end on time.
+TIMER_SLACK_NS = 1000
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 
 _initialized = False
 _finalized = False
@@ -70,7 +83,8 @@ def init() -> None:
     run = read_run()  # a malformed environment fails before anything starts
     hvd = _import_horovod()
     os.environ.setdefault("HOROVOD_CYCLE_TIME", CYCLE_TIME_MS)
-    hvd.init()
+    with _timer_slack(TIMER_SLACK_NS):
+        hvd.init()
     size, rank = int(hvd.size()), int(hvd.rank())
     if (size, rank) != (run.num_instances, run.instance_index):
         hvd.shutdown()
@@ -84,6 +98,32 @@ def init() -> None:
     if not _atexit_registered:
         atexit.register(finalizeBackend)
         _atexit_registered = True
+
+
+@contextlib.contextmanager
+def _timer_slack(nanoseconds: int) -> Iterator[None]:
+    """This thread's timer slack (so that of the threads it starts) within the block; Linux."""
+    libc = _libc() if sys.platform == "linux" else None
+    prctl = getattr(libc, "prctl", None)
+    if prctl is None:
+        yield
+        return
+    zero = ctypes.c_ulong(0)
+    before = int(prctl(_PR_GET_TIMERSLACK, zero, zero, zero, zero))
+    if before <= 0 or prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(nanoseconds), zero, zero, zero):
+        yield  # the call failed: leave the slack alone
+        return
+    try:
+        yield
+    finally:
+        prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(before), zero, zero, zero)
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
 #: PopDist's other name for :func:`init`.

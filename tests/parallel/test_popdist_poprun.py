@@ -146,3 +146,34 @@ def test_init_rejects_a_run_horovod_does_not_see() -> None:
         "start every instance from one poprun (or mpirun) command and do not mix launchers"
     ) in result.stdout
     assert "init False" in result.stdout
+
+
+SLACK = """
+import json
+import os
+import popdist
+
+def slack(tid):
+    with open(f"/proc/{tid}/timerslack_ns") as f:
+        return int(f.read())
+
+main = os.getpid()
+before_tids = set(os.listdir("/proc/self/task"))
+before = slack(main)
+popdist.init()
+started = sorted(set(os.listdir("/proc/self/task")) - before_tids)
+print("main", before, slack(main))
+print("started", json.dumps([slack(t) for t in started]))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("_needs_backend")
+def test_init_gives_horovods_thread_a_fine_timer_slack_and_restores_the_callers() -> None:
+    result = run_job([sys.executable, "-c", SLACK], timeout=100)
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    before, after = map(int, lines["main"].split())
+    assert after == before > 1000  # the caller's slack is back
+    started = json.loads(lines["started"])
+    assert 1000 in started, started  # Horovod's background thread (and MPI's) inherit 1 us
