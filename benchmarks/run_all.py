@@ -208,12 +208,12 @@ def headline() -> tuple[list[Row], list[Row]]:
         for size in sorted(int(s) for s in ar):
             if size < 16 << 20:
                 continue
-            bw = ar[str(size)]["algbw"]
-            r = bw["horovod"] / bw["mpi4py"]
+            bw, paired = ar[str(size)]["algbw"], ar[str(size)]["ratio"]
+            r = paired["4k_pages"]
             _goal(goals, f"issue 7: gradient path / raw MPI allreduce algbw, {size >> 20} MB, 4 KB pages ≥ 0.9",
-                  f"{bw['horovod']:.2f} vs {bw['mpi4py']:.2f} GB/s",
+                  f"{bw['horovod']:.2f} vs {bw['mpi4py']:.2f} GB/s (medians; ratio: median per round)",
                   r, r >= 0.9)  # fmt: skip
-            r = bw["horovod-2mb"] / bw["mpi4py-numpy"]
+            r = paired["2m_pages"]
             _goal(goals, f"issue 7: gradient path / raw MPI allreduce algbw, {size >> 20} MB, 2 MB pages ≥ 0.9",
                   f"{bw['horovod-2mb']:.2f} vs {bw['mpi4py-numpy']:.2f} GB/s ({100 * bw['horovod-2mb'] / bw['memory']:.0f}% of numpy a+b)",
                   r, r >= 0.9)  # fmt: skip
