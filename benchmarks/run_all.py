@@ -50,8 +50,8 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         ),
         "allreduce": ([PY, str(here / "allreduce.py"), "--rounds", "5", *b], 420, "allreduce"),
         "training_throughput": (
-            [PY, str(here / "training_throughput.py"), "--rounds", "3", *timing, *b],
-            480,
+            [PY, str(here / "training_throughput.py"), "--rounds", "5", *timing, *b],
+            720,
             "training-throughput",
         ),
         "pipeline": ([PY, str(here / "pipeline.py"), "--rounds", "5"], 120, "pipeline-benchmark"),
