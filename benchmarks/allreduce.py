@@ -100,7 +100,7 @@ def main() -> None:
             for b in backends
         }
         results[size] = {"algbw": algbw, "median_s": med, "algbw_range": spread}
-        # Path / MPI from the two launches of the same round (adjacent in time, so drift in
+        # Path / MPI from the two launches of the same round (close in time, so slow drift in
         # the machine's load cancels), then the median over rounds.
         paired = {
             "4k_pages": _paired(samples["horovod"][size], samples["mpi4py"][size]),
@@ -130,8 +130,8 @@ def main() -> None:
         "huge pages for large arrays) for raw MPI and `THP_MEM_ALLOC_ENABLE=1` for the gradient path. "
         "`memory` is numpy `c = a + b` over the same size in one process (GB/s of S): the "
         "memory-bandwidth reference. The goal (gradient path ≥ 0.9× raw MPI from 16 MB) is the "
-        "ratio on the same memory, taken per round (the two launches of a round run back to "
-        "back) and then the median over rounds. Spread (slowest–fastest round, and the range "
+        "ratio on the same memory, taken per round (both launches of a round run within a "
+        "minute of each other) and then the median over rounds. Spread (slowest–fastest round, and the range "
         "of the per-round ratios) is in docs/allreduce.json.\n\n"
         + table(
             [
