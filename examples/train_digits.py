@@ -95,10 +95,11 @@ def main() -> int:
         model, opts, poptorch.optim.AdamW(model.parameters(), lr=args.lr)
     )
     for epoch in range(args.epochs):
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", disable=rank != 0, leave=False)
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", disable=rank != 0)
         for x, y in bar:
             _, losses = training(x, y)
-            bar.set_postfix(loss=f"{float(losses.mean()):.3f}")
+            # refresh=False: the bar redraws itself (at most every 0.1 s) with the right count
+            bar.set_postfix(loss=f"{float(losses.mean()):.3f}", refresh=False)
 
     correct, total = evaluate(model, test_opts, test)
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
