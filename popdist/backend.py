@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import sys
 from collections.abc import Iterator
@@ -103,11 +102,12 @@ def init() -> None:
 @contextlib.contextmanager
 def _timer_slack(nanoseconds: int) -> Iterator[None]:
     """This thread's timer slack (so that of the threads it starts) within the block; Linux."""
-    libc = _libc() if sys.platform == "linux" else None
-    prctl = getattr(libc, "prctl", None)
-    if prctl is None:
+    if sys.platform != "linux":
         yield
         return
+    import ctypes  # here, not at the top: ``import popdist`` stays light
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
     zero = ctypes.c_ulong(0)
     before = int(prctl(_PR_GET_TIMERSLACK, zero, zero, zero, zero))
     if before <= 0 or prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(nanoseconds), zero, zero, zero):
@@ -117,13 +117,6 @@ def _timer_slack(nanoseconds: int) -> Iterator[None]:
         yield
     finally:
         prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(before), zero, zero, zero)
-
-
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
 
 
 #: PopDist's other name for :func:`init`.
