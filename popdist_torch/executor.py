@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import vmap
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.options import Options
@@ -97,7 +97,12 @@ class _Batch:
             opts.replication_factor,
         )
         factor = di * ga * r
-        leaves, self.spec = tree_flatten((args, kwargs))
+        # The common call, model(x, y): positional tensors only, no pytree walk to undo.
+        self.spec: TreeSpec | None = None
+        if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
+            leaves, self.spec = tree_flatten((args, kwargs))
+        else:
+            leaves = list(args)
         self.constants: list[Any] = list(leaves)
         self.batched_index: list[int] = []
         self.batched: list[torch.Tensor] = []
@@ -123,6 +128,8 @@ class _Batch:
             )
 
     def _name(self, index: int) -> str:
+        if self.spec is None:
+            return f"argument {index}"
         args, kwargs = tree_unflatten(list(range(len(self.constants))), self.spec)
         for pos, value in enumerate(args):
             if value == index:
@@ -140,6 +147,8 @@ class _Batch:
         leaves = list(self.constants)
         for i, t in zip(self.batched_index, batched, strict=True):
             leaves[i] = t
+        if self.spec is None:
+            return tuple(leaves), {}
         args, kwargs = tree_unflatten(leaves, self.spec)
         return tuple(args), dict(kwargs)
 
@@ -169,6 +178,11 @@ def _check_scalar(loss: torch.Tensor) -> None:
 
 
 def _detach(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach()
+    if type(tree) in (tuple, list) and all(isinstance(x, torch.Tensor) for x in tree):
+        return type(tree)(x.detach() for x in tree)  # the common (output, loss): no pytree walk
+
     def one(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             raise ExecutorError(

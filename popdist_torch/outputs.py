@@ -67,6 +67,12 @@ class OutputCollector:
         kept = [self._sum] if self.mode == OutputMode.Sum else self._kept
         if not kept:
             raise RuntimeError("no outputs were recorded for this call")
+        if len(kept) == 1:  # Final, or one kept step: no concatenation, and often no pytree walk
+            only = kept[0]
+            if isinstance(only, torch.Tensor):
+                return layout(only)
+            if type(only) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in only):
+                return type(only)(layout(t) for t in only)
         flat = [tree_flatten(k) for k in kept]
         spec = flat[0][1]
         columns = zip(*(leaves for leaves, _ in flat), strict=True)

@@ -410,3 +410,45 @@ def test_call_mode_switch_touches_only_a_module_in_the_other_mode() -> None:
     poptorch.trainingModel(wrapper)(torch.randn(4, 4))
     assert seen == [True]  # switched to training for the call...
     assert not wrapper.training and not model[1].training  # ...and back
+
+
+class Keyworded(nn.Module):
+    """Inputs by keyword and constants among them: the executor's general (pytree) path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Classifier()
+
+    def forward(
+        self, x: torch.Tensor, gain: float, *, bias: torch.Tensor, y: torch.Tensor | None = None
+    ) -> object:
+        logits = self.net(x * gain + bias)
+        if y is None:
+            return {"logits": logits, "top": logits.argmax(-1)}
+        return logits, F.cross_entropy(logits, y)
+
+
+@pytest.mark.parametrize("r", [1, 4])
+def test_keyword_inputs_constants_and_dict_outputs(r: int) -> None:
+    torch.manual_seed(3)
+    model = Keyworded()
+    ref = copy.deepcopy(model)
+    di, micro = 2, 3
+    x, y = _data(di * r * micro)
+    bias = torch.tensor(0.25)  # 0-dim: a constant, not split over replicas
+    make = OPTIMIZERS["sgd"]
+    wrapped = poptorch.trainingModel(model, _options(di, r), make(model))
+    logits, loss = wrapped(x, 1.5, bias=bias, y=y)
+    assert logits.shape == (r * micro, 3) and loss.shape == ((r,) if r > 1 else ())
+    _reference(ref.net, make, x * 1.5 + bias, y, di)
+    _assert_same_weights(model, ref)
+
+    out = poptorch.inferenceModel(model, _options(di, r))(x, 1.5, bias=bias)
+    assert set(out) == {"logits", "top"}
+    with torch.no_grad():
+        expected = model(x, 1.5, bias=bias)
+    torch.testing.assert_close(out["logits"], expected["logits"])
+    assert torch.equal(out["top"], expected["top"])
+
+    with pytest.raises(poptorch.ExecutorError, match="In the input 'y', the batch dimension"):
+        wrapped(x, 1.5, bias=bias, y=y[:-1])
