@@ -29,6 +29,7 @@ BOOL_OPTIONS = frozenset(
         "--overwrite-config",
         "--allow-run-as-root",
         "--dry-run",
+        "--use-default-allocator",
     }
 )
 _BOOL_WORDS = frozenset({"yes", "no", "true", "false", "1", "0"})
@@ -124,6 +125,13 @@ def command(
         str | None, typer.Option(metavar="SECONDS", help="end the job after SECONDS (exit 124)")
     ] = None,
     allow_run_as_root: Annotated[str | None, typer.Option(metavar="[yes|no]")] = None,
+    use_default_allocator: Annotated[
+        str | None,
+        typer.Option(
+            metavar="[yes|no]",
+            help="leave glibc malloc at its defaults (poprun keeps freed memory in each instance)",
+        ),
+    ] = None,
     vipu_server_host: Annotated[str | None, typer.Option(hidden=True)] = None,
     vipu_server_port: Annotated[str | None, typer.Option(hidden=True)] = None,
     vipu_server_timeout: Annotated[str | None, typer.Option(hidden=True)] = None,
@@ -156,7 +164,7 @@ def run(
 ) -> int:
     """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched)."""
     from poprun import config as cfg
-    from poprun.environment import forwarded_names, mpirun_environment
+    from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
     from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
     from poprun.topology import local_numa_node_count, plan, render
 
@@ -172,6 +180,7 @@ def run(
         values, program, environ, file_values=file_values, require_program=not export_path
     )
     mpirun = find_mpirun(environ)
+    environ = with_allocator_defaults(config, environ)
 
     numa = {}
     if config.process_placement == "spreadnuma":

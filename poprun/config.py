@@ -57,6 +57,7 @@ FILE_KEYS: tuple[str, ...] = (
     "host_subnet",
     "timeout",
     "allow_run_as_root",
+    "use_default_allocator",
     *VIPU_OPTIONS,
 )
 LIST_KEYS = frozenset({"host", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args"})
@@ -89,6 +90,7 @@ class RunConfig:
     host_subnet: str | None = None
     timeout: float | None = None
     allow_run_as_root: bool = False
+    use_default_allocator: bool = False
     verbose: int = 0
     vipu: tuple[tuple[str, str], ...] = ()
 
@@ -135,6 +137,8 @@ class RunConfig:
             out["timeout"] = self.timeout
         if self.allow_run_as_root:
             out["allow-run-as-root"] = True
+        if self.use_default_allocator:
+            out["use-default-allocator"] = True
         for key, value in self.vipu:
             out[key.replace("_", "-")] = value
         return out
@@ -508,6 +512,7 @@ def build(
         host_subnet=subnet,
         timeout=timeout,
         allow_run_as_root=flag("allow_run_as_root"),
+        use_default_allocator=flag("use_default_allocator"),
         verbose=verbose,
         vipu=vipu,
     )

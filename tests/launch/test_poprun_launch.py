@@ -101,6 +101,27 @@ def test_popdist_view_of_eight_replicas_on_four_instances(tmp_path: Path) -> Non
         assert view["from_poprun"] is True
 
 
+@pytest.mark.parametrize("default_allocator", [False, True])
+def test_instances_keep_freed_memory_instead_of_faulting_it_in_again(
+    default_allocator: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    option = ["--use-default-allocator"] if default_allocator else []
+    result = poprun(
+        *option, "--num-instances", "2", "--num-replicas", "2", PY, str(BIN / "allocator_faults.py")
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "faults_per_step=" in line]
+    assert len(lines) == 2, result.stdout
+    for line in lines:
+        faults = int(line.split("faults_per_step=")[1].split()[0])
+        if default_allocator:  # glibc trims the freed 16 MiB and faults it in again: ~4000
+            assert faults > 1000 and "trim=-" in line, line
+        else:
+            assert faults < 100 and "trim=1073741824" in line, line
+
+
 def test_output_prefixes_partial_lines_cr_and_split_utf8(tmp_path: Path) -> None:
     result = poprun(
         "--num-replicas", "2", "--num-instances", "2", PY, str(BIN / "awkward_output.py")

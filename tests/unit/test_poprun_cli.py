@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from poprun.cli import main, normalise
+from poprun.config import RunConfig
+from poprun.environment import ALLOCATOR_DEFAULTS, with_allocator_defaults
 
 pytestmark = pytest.mark.unit
 
@@ -122,3 +125,43 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("poprun ")
     assert main(["--help"]) == 0
     assert "--num-replicas" in capsys.readouterr().out
+
+
+def test_instances_keep_freed_memory_unless_told_not_to(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    tuned = _dry(capsys, *BASE).split()
+    for name in ALLOCATOR_DEFAULTS:
+        assert tuned[tuned.index(name) - 1] == "-x"  # forwarded to every instance, by name
+    assert "MALLOC_" not in _dry(capsys, *BASE, "--use-default-allocator")
+    assert "MALLOC_" not in _dry(capsys, *BASE, "--use-default-allocator", "yes")
+    assert "MALLOC_MMAP" in _dry(capsys, *BASE, "--use-default-allocator", "no")
+
+
+def test_allocator_option_round_trips_through_the_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "run.yaml"
+    _dry(capsys, *BASE, "--use-default-allocator", "--export-config", str(path))
+    assert "use-default-allocator: true" in path.read_text()
+    assert "MALLOC_" not in _dry(capsys, "--import-config", str(path))
+
+
+@pytest.mark.parametrize(
+    ("environ", "tuned"),
+    [
+        ({}, True),
+        ({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"}, True),  # not about malloc
+        ({"MALLOC_ARENA_MAX": "2"}, False),  # any MALLOC_* is the user's choice
+        ({"MALLOC_TRIM_THRESHOLD_": "131072"}, False),
+        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, False),
+    ],
+)
+def test_the_users_allocator_choice_wins(environ: dict[str, str], tuned: bool) -> None:
+    got = with_allocator_defaults(RunConfig(program=("p",)), {"PATH": "/bin", **environ})
+    assert {k: got[k] for k in environ} == environ
+    assert all((got.get(name) == value) == tuned for name, value in ALLOCATOR_DEFAULTS.items())
+    off = with_allocator_defaults(RunConfig(program=("p",), use_default_allocator=True), {})
+    assert off == {}
