@@ -10,14 +10,19 @@ compute thread per process:
 - popdist_torch under poprun: 1 instance x 1 replica x 64, 1 instance x 4 local replicas
   x 32 (issue 5: against plain torch on 128), 2 instances x 1 replica x 64;
 - torchrun + DistributedDataParallel (gloo), 1 and 2 processes x 64;
-- horovodrun + ``hvd.DistributedOptimizer``, 1 and 2 processes x 64.
+- horovodrun + ``hvd.DistributedOptimizer``, 1 and 2 processes x 64;
+- the anchors of the goals (plain torch on 128, DDP and Horovod on 2 processes) again with
+  the glibc malloc settings poprun gives its instances (``poprun.environment``), so that a
+  ratio against them measures the executor, not the launcher's allocator tuning.
 
 Each launch warms up, then times ``--iters`` iterations of ``--batches`` steps and reports
 the median of the global samples/s (rank 0's clock; every step ends in a collective, so
-the ranks run in lockstep). Cases run in rotating order for ``--rounds`` rounds; tables
-show the median over rounds and its spread. Scaling efficiency = thr(2) / (2 thr(1)) of
-the same framework. Writes docs/training-throughput.{md,json,png}. ``--worker`` is the
-per-process entry point.
+the ranks run in lockstep), and rank 0's minor page faults per step. Every case starts from glibc's default malloc (any ``MALLOC_*``
+of the caller's is dropped). Cases run in rotating order for ``--rounds`` rounds; tables
+show the median over rounds and its spread; a ratio is taken within each round, then the
+median over rounds, so drift in the machine's load cancels. Scaling efficiency = thr(2) /
+(2 thr(1)) of the same framework. Writes docs/training-throughput.{md,json,png}.
+``--worker`` is the per-process entry point.
 """
 
 from __future__ import annotations
@@ -76,17 +81,22 @@ def _model(name: str) -> Any:
 
 def _time(
     step: Callable[[], None], samples_per_step: int, warmup: int, iters: int, batches: int
-) -> float:
-    """Median samples/s over ``iters`` timed iterations of ``batches`` steps."""
+) -> tuple[float, float]:
+    """Median samples/s over ``iters`` timed iterations of ``batches`` steps, and the minor
+    page faults per timed step (warm-up excluded: its first touches are not steady state)."""
+    import resource
+
     for _ in range(warmup):
         step()
     rates = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(iters):
         t0 = time.perf_counter()
         for _ in range(batches):
             step()
         rates.append(samples_per_step * batches / (time.perf_counter() - t0))
-    return statistics.median(rates)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return statistics.median(rates), faults / (iters * batches)
 
 
 def worker(kind: str, model_name: str, batch: int, warmup: int, iters: int, batches: int) -> None:
@@ -153,9 +163,10 @@ def worker(kind: str, model_name: str, batch: int, warmup: int, iters: int, batc
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, 1, 28, 28, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
-    rate = _time(step, batch * size, warmup, iters, batches)
+    rate, faults = _time(step, batch * size, warmup, iters, batches)
     if rank == 0:
-        print("RESULT " + json.dumps({"kind": kind, "samples_per_s": rate}), flush=True)
+        result = {"kind": kind, "samples_per_s": rate, "faults_per_step": faults}
+        print("RESULT " + json.dumps(result), flush=True)
     if kind == "ddp":
         import gc
 
@@ -170,12 +181,17 @@ def worker(kind: str, model_name: str, batch: int, warmup: int, iters: int, batc
         dist.destroy_process_group()
 
 
-def _launch(argv: list[str], baseline: str | None = None) -> float:
+def _launch(
+    argv: list[str], baseline: str | None = None, extra: dict[str, str] | None = None
+) -> tuple[float, float]:
+    """One launch: rank 0's samples/s and its minor page faults per step."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_"))
+        if not k.startswith(("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_", "MALLOC_"))
+        and k != "GLIBC_TUNABLES"
     }
+    env.update(extra or {})
     env["OMP_NUM_THREADS"] = "1"
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -187,7 +203,8 @@ def _launch(argv: list[str], baseline: str | None = None) -> float:
         raise RuntimeError(
             f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         )
-    return float(json.loads(match.group(1))["samples_per_s"])
+    result = json.loads(match.group(1))
+    return float(result["samples_per_s"]), float(result["faults_per_step"])
 
 
 #: case key -> (label, processes, launcher, worker kind, per-process/replica micro-batch)
@@ -202,12 +219,17 @@ CASES: dict[str, tuple[str, int, str, str, int]] = {
     "hvd-1": ("horovodrun + DistributedOptimizer, 1 x 64", 1, "horovodrun", "horovod", MICRO),
     "hvd-2": ("horovodrun + DistributedOptimizer, 2 x 64", 2, "horovodrun", "horovod", MICRO),
 }  # fmt: skip
+#: Anchors measured again with poprun's allocator settings (case key + SAME_ALLOCATOR).
+SAME_ALLOCATOR = "-alloc"
+for _key in ("plain-128", "ddp-2", "hvd-2"):
+    _label, *_rest = CASES[_key]
+    CASES[_key + SAME_ALLOCATOR] = (f"{_label}, poprun's malloc settings", *_rest)  # type: ignore[assignment]
 
 
 def _argv(case: str, model: str, timing: list[str]) -> list[str]:
     from benchmarks._common import which
 
-    _, n, launcher, kind, micro = CASES[case]
+    _, n, launcher, kind, micro = CASES[case.removesuffix(SAME_ALLOCATOR)]
     py, me = sys.executable, str(Path(__file__).resolve())
     tail = [me, "--worker", kind, "--model", model, "--batch", str(micro), *timing]
     if launcher == "python":
@@ -221,30 +243,45 @@ def _argv(case: str, model: str, timing: list[str]) -> list[str]:
     return [which("horovodrun"), "-np", str(n), py, *tail]
 
 
-def ratios(med: dict[str, float]) -> dict[str, float]:
-    """The derived figures, for one model."""
+def ratios(samples: dict[str, list[float]]) -> dict[str, float]:
+    """The derived figures of one model: each taken per round, then the median over rounds."""
+
+    def paired(a: str, b: str, factor: float = 1.0) -> float:
+        return statistics.median(
+            x / (factor * y) for x, y in zip(samples[a], samples[b], strict=True)
+        )
+
     return {
-        "local_replicas_1x4_vs_plain_128": med["popdist-1x4"] / med["plain-128"],
-        "popdist_1x1_vs_plain_64": med["popdist-1x1"] / med["plain-64"],
-        "popdist_2x1_vs_ddp_2": med["popdist-2x1"] / med["ddp-2"],
-        "popdist_2x1_vs_hvd_2": med["popdist-2x1"] / med["hvd-2"],
-        "scaling_popdist": med["popdist-2x1"] / (2 * med["popdist-1x1"]),
-        "scaling_ddp": med["ddp-2"] / (2 * med["ddp-1"]),
-        "scaling_hvd": med["hvd-2"] / (2 * med["hvd-1"]),
-        "popdist_2x1_vs_plain_64": med["popdist-2x1"] / med["plain-64"],
+        "local_replicas_1x4_vs_plain_128_same_allocator": paired("popdist-1x4", "plain-128-alloc"),
+        "local_replicas_1x4_vs_plain_128": paired("popdist-1x4", "plain-128"),
+        "popdist_1x1_vs_plain_64": paired("popdist-1x1", "plain-64"),
+        "popdist_2x1_vs_ddp_2_same_allocator": paired("popdist-2x1", "ddp-2-alloc"),
+        "popdist_2x1_vs_ddp_2": paired("popdist-2x1", "ddp-2"),
+        "popdist_2x1_vs_hvd_2_same_allocator": paired("popdist-2x1", "hvd-2-alloc"),
+        "popdist_2x1_vs_hvd_2": paired("popdist-2x1", "hvd-2"),
+        "scaling_popdist": paired("popdist-2x1", "popdist-1x1", 2.0),
+        "scaling_ddp": paired("ddp-2", "ddp-1", 2.0),
+        "scaling_hvd": paired("hvd-2", "hvd-1", 2.0),
+        "popdist_2x1_vs_plain_64": paired("popdist-2x1", "plain-64"),
     }
 
 
 RATIO_LABELS = {
-    "local_replicas_1x4_vs_plain_128": ("popdist_torch 1x4x32 / plain torch batch 128", ">= 0.9"),
+    "local_replicas_1x4_vs_plain_128_same_allocator": (
+        "popdist_torch 1x4x32 / plain torch batch 128, same malloc settings", ">= 0.9"),
+    "local_replicas_1x4_vs_plain_128": ("popdist_torch 1x4x32 / plain torch batch 128, as run", ""),
     "popdist_1x1_vs_plain_64": ("popdist_torch 1x1 / plain torch (1-instance overhead)", ""),
-    "popdist_2x1_vs_ddp_2": ("popdist_torch 2x1 / torchrun + DDP 2", ">= 1.0"),
-    "popdist_2x1_vs_hvd_2": ("popdist_torch 2x1 / Horovod DistributedOptimizer 2", ">= 1.0"),
+    "popdist_2x1_vs_ddp_2_same_allocator": (
+        "popdist_torch 2x1 / torchrun + DDP 2, same malloc settings", ">= 1.0"),
+    "popdist_2x1_vs_ddp_2": ("popdist_torch 2x1 / torchrun + DDP 2, as run", ""),
+    "popdist_2x1_vs_hvd_2_same_allocator": (
+        "popdist_torch 2x1 / Horovod DistributedOptimizer 2, same malloc settings", ">= 1.0"),
+    "popdist_2x1_vs_hvd_2": ("popdist_torch 2x1 / Horovod DistributedOptimizer 2, as run", ""),
     "scaling_popdist": ("scaling efficiency popdist_torch, 2 vs 1", ""),
     "scaling_ddp": ("scaling efficiency torchrun + DDP, 2 vs 1", ""),
     "scaling_hvd": ("scaling efficiency Horovod, 2 vs 1", ""),
     "popdist_2x1_vs_plain_64": ("popdist_torch 2 instances / plain 1 process", ""),
-}
+}  # fmt: skip
 
 
 def main() -> None:
@@ -280,10 +317,22 @@ def main() -> None:
         )
         keys.append("popdist-2x1-before")
     argvs = {f"{m}/{k}": _argv(k, m, timing) for m in models for k in keys}
-    cases = {
-        name: (lambda a=argv, b=(args.baseline if "before" in name else None): _launch(a, b))
-        for name, argv in argvs.items()
-    }
+    from poprun.environment import ALLOCATOR_DEFAULTS
+
+    faults: dict[str, list[float]] = {name: [] for name in argvs}
+
+    def case(name: str, argv: list[str]) -> Callable[[], float]:
+        baseline = args.baseline if "before" in name else None
+        extra = ALLOCATOR_DEFAULTS if name.endswith(SAME_ALLOCATOR) else None
+
+        def launch() -> float:
+            rate, per_step = _launch(argv, baseline, extra)
+            faults[name].append(per_step)
+            return rate
+
+        return launch
+
+    cases = {name: case(name, argv) for name, argv in argvs.items()}
     results = interleave(cases, args.rounds)
     out: dict[str, Any] = {"rounds": args.rounds, "timing": timing, "models": {}}
     sections = []
@@ -295,17 +344,20 @@ def main() -> None:
                 f"{med[k]:.0f}",
                 f"{results[f'{m}/{k}'].iqr:.0f}",
                 f"{min(results[f'{m}/{k}'].samples):.0f}–{max(results[f'{m}/{k}'].samples):.0f}",
+                f"{statistics.median(faults[f'{m}/{k}']):.0f}",
             ]
             for k in keys
         ]
-        got = ratios(med) if set(CASES) <= set(keys) else {}
+        samples = {k: list(results[f"{m}/{k}"].samples) for k in keys}
+        got = ratios(samples) if set(CASES) <= set(keys) else {}
         out["models"][m] = {
-            "samples_per_s": {k: list(results[f"{m}/{k}"].samples) for k in keys},
+            "samples_per_s": samples,
             "median": med,
             "ratios": got,
+            "faults_per_step": {k: faults[f"{m}/{k}"] for k in keys},
         }
         text = f"### {m.upper()}\n\n" + table(
-            ["case", "samples/s (median)", "IQR", "min–max"], rows
+            ["case", "samples/s (median)", "IQR", "min–max", "page faults / step"], rows
         )
         if got:
             text += "\n\n" + table(
@@ -342,15 +394,16 @@ def _plot(out: dict[str, Any], path: Path) -> None:
         med = out["models"][m]["median"]
         groups = [
             ("1 process", ["plain-64", "popdist-1x1", "ddp-1", "hvd-1"]),
-            ("2 processes", ["popdist-2x1", "ddp-2", "hvd-2"]),
-            ("4 local replicas", ["plain-128", "popdist-1x4"]),
+            ("2 processes", ["popdist-2x1", "ddp-2", "ddp-2-alloc", "hvd-2", "hvd-2-alloc"]),
+            ("4 local replicas", ["plain-128", "plain-128-alloc", "popdist-1x4"]),
         ]
         colours = {"plain": "grey", "popdist": "tab:blue", "ddp": "tab:orange", "hvd": "tab:green"}
         x = 0.0
         ticks, labels = [], []
         for title, keys in groups:
             for k in keys:
-                ax.bar(x, med[k], color=colours[k.split("-")[0]], width=0.8)
+                hatch = "//" if k.endswith(SAME_ALLOCATOR) else None  # poprun's malloc settings
+                ax.bar(x, med[k], color=colours[k.split("-")[0]], width=0.8, hatch=hatch)
                 ticks.append(x)
                 labels.append(k)
                 x += 1
