@@ -11,9 +11,10 @@ compute thread per process:
   x 32 (issue 5: against plain torch on 128), 2 instances x 1 replica x 64;
 - torchrun + DistributedDataParallel (gloo), 1 and 2 processes x 64;
 - horovodrun + ``hvd.DistributedOptimizer``, 1 and 2 processes x 64;
-- the anchors of the goals (plain torch on 128, DDP and Horovod on 2 processes) again with
-  the glibc malloc settings poprun gives its instances (``poprun.environment``), so that a
-  ratio against them measures the executor, not the launcher's allocator tuning.
+- the anchors of the goals again under the executor's conditions, so that a ratio against
+  them measures the executor, not the launcher: plain torch on 128 launched by poprun
+  (1 instance x 1 replica: same launcher, same environment), and DDP and Horovod on 2
+  processes with the glibc malloc settings poprun gives its instances (``poprun.environment``).
 
 Each launch warms up, then times ``--iters`` iterations of ``--batches`` steps and reports
 the median of the global samples/s (rank 0's clock; every step ends in a collective, so
@@ -218,10 +219,11 @@ CASES: dict[str, tuple[str, int, str, str, int]] = {
     "ddp-2": ("torchrun + DDP (gloo), 2 x 64", 2, "torchrun", "ddp", MICRO),
     "hvd-1": ("horovodrun + DistributedOptimizer, 1 x 64", 1, "horovodrun", "horovod", MICRO),
     "hvd-2": ("horovodrun + DistributedOptimizer, 2 x 64", 2, "horovodrun", "horovod", MICRO),
+    "plain-128-poprun": ("plain torch, batch 128, launched by poprun (1 x 1)", 1, "poprun", "plain", 2 * MICRO),
 }  # fmt: skip
 #: Anchors measured again with poprun's allocator settings (case key + SAME_ALLOCATOR).
 SAME_ALLOCATOR = "-alloc"
-for _key in ("plain-128", "ddp-2", "hvd-2"):
+for _key in ("ddp-2", "hvd-2"):
     _label, *_rest = CASES[_key]
     CASES[_key + SAME_ALLOCATOR] = (f"{_label}, poprun's malloc settings", *_rest)  # type: ignore[assignment]
 
@@ -243,32 +245,38 @@ def _argv(case: str, model: str, timing: list[str]) -> list[str]:
     return [which("horovodrun"), "-np", str(n), py, *tail]
 
 
+#: ratio key -> (case, anchor case, anchor factor). Scaling efficiency = thr(2) / (2 thr(1)).
+RATIOS: dict[str, tuple[str, str, float]] = {
+    "local_replicas_1x4_vs_plain_128_under_poprun": ("popdist-1x4", "plain-128-poprun", 1.0),
+    "local_replicas_1x4_vs_plain_128": ("popdist-1x4", "plain-128", 1.0),
+    "popdist_1x1_vs_plain_64": ("popdist-1x1", "plain-64", 1.0),
+    "popdist_2x1_vs_ddp_2_same_allocator": ("popdist-2x1", "ddp-2-alloc", 1.0),
+    "popdist_2x1_vs_ddp_2": ("popdist-2x1", "ddp-2", 1.0),
+    "popdist_2x1_vs_hvd_2_same_allocator": ("popdist-2x1", "hvd-2-alloc", 1.0),
+    "popdist_2x1_vs_hvd_2": ("popdist-2x1", "hvd-2", 1.0),
+    "scaling_popdist": ("popdist-2x1", "popdist-1x1", 2.0),
+    "scaling_ddp": ("ddp-2", "ddp-1", 2.0),
+    "scaling_hvd": ("hvd-2", "hvd-1", 2.0),
+    "popdist_2x1_vs_plain_64": ("popdist-2x1", "plain-64", 1.0),
+    "plain_128_poprun_vs_python": ("plain-128-poprun", "plain-128", 1.0),
+}
+
+
 def ratios(samples: dict[str, list[float]]) -> dict[str, float]:
-    """The derived figures of one model: each taken per round, then the median over rounds."""
-
-    def paired(a: str, b: str, factor: float = 1.0) -> float:
-        return statistics.median(
-            x / (factor * y) for x, y in zip(samples[a], samples[b], strict=True)
-        )
-
+    """The derived figures of one model whose cases ran: each taken per round, then the
+    median over rounds."""
     return {
-        "local_replicas_1x4_vs_plain_128_same_allocator": paired("popdist-1x4", "plain-128-alloc"),
-        "local_replicas_1x4_vs_plain_128": paired("popdist-1x4", "plain-128"),
-        "popdist_1x1_vs_plain_64": paired("popdist-1x1", "plain-64"),
-        "popdist_2x1_vs_ddp_2_same_allocator": paired("popdist-2x1", "ddp-2-alloc"),
-        "popdist_2x1_vs_ddp_2": paired("popdist-2x1", "ddp-2"),
-        "popdist_2x1_vs_hvd_2_same_allocator": paired("popdist-2x1", "hvd-2-alloc"),
-        "popdist_2x1_vs_hvd_2": paired("popdist-2x1", "hvd-2"),
-        "scaling_popdist": paired("popdist-2x1", "popdist-1x1", 2.0),
-        "scaling_ddp": paired("ddp-2", "ddp-1", 2.0),
-        "scaling_hvd": paired("hvd-2", "hvd-1", 2.0),
-        "popdist_2x1_vs_plain_64": paired("popdist-2x1", "plain-64"),
+        key: statistics.median(
+            x / (factor * y) for x, y in zip(samples[case], samples[anchor], strict=True)
+        )
+        for key, (case, anchor, factor) in RATIOS.items()
+        if case in samples and anchor in samples
     }
 
 
 RATIO_LABELS = {
-    "local_replicas_1x4_vs_plain_128_same_allocator": (
-        "popdist_torch 1x4x32 / plain torch batch 128, same malloc settings", ">= 0.9"),
+    "local_replicas_1x4_vs_plain_128_under_poprun": (
+        "popdist_torch 1x4x32 / plain torch batch 128, both launched by poprun", ">= 0.9"),
     "local_replicas_1x4_vs_plain_128": ("popdist_torch 1x4x32 / plain torch batch 128, as run", ""),
     "popdist_1x1_vs_plain_64": ("popdist_torch 1x1 / plain torch (1-instance overhead)", ""),
     "popdist_2x1_vs_ddp_2_same_allocator": (
@@ -281,6 +289,7 @@ RATIO_LABELS = {
     "scaling_ddp": ("scaling efficiency torchrun + DDP, 2 vs 1", ""),
     "scaling_hvd": ("scaling efficiency Horovod, 2 vs 1", ""),
     "popdist_2x1_vs_plain_64": ("popdist_torch 2 instances / plain 1 process", ""),
+    "plain_128_poprun_vs_python": ("plain torch batch 128, launched by poprun / by python", ""),
 }  # fmt: skip
 
 
@@ -349,7 +358,7 @@ def main() -> None:
             for k in keys
         ]
         samples = {k: list(results[f"{m}/{k}"].samples) for k in keys}
-        got = ratios(samples) if set(CASES) <= set(keys) else {}
+        got = ratios(samples)
         out["models"][m] = {
             "samples_per_s": samples,
             "median": med,
@@ -395,14 +404,16 @@ def _plot(out: dict[str, Any], path: Path) -> None:
         groups = [
             ("1 process", ["plain-64", "popdist-1x1", "ddp-1", "hvd-1"]),
             ("2 processes", ["popdist-2x1", "ddp-2", "ddp-2-alloc", "hvd-2", "hvd-2-alloc"]),
-            ("4 local replicas", ["plain-128", "plain-128-alloc", "popdist-1x4"]),
+            ("4 local replicas", ["plain-128", "plain-128-poprun", "popdist-1x4"]),
         ]
         colours = {"plain": "grey", "popdist": "tab:blue", "ddp": "tab:orange", "hvd": "tab:green"}
         x = 0.0
         ticks, labels = [], []
         for title, keys in groups:
             for k in keys:
-                hatch = "//" if k.endswith(SAME_ALLOCATOR) else None  # poprun's malloc settings
+                hatch = (
+                    "//" if k.endswith((SAME_ALLOCATOR, "-poprun")) else None
+                )  # poprun's malloc settings
                 ax.bar(x, med[k], color=colours[k.split("-")[0]], width=0.8, hatch=hatch)
                 ticks.append(x)
                 labels.append(k)

@@ -26,9 +26,9 @@ UNBUFFERED = "PYTHONUNBUFFERED"
 #: glibc malloc settings for every instance, unless the user chose their own or passed
 #: ``--use-default-allocator``. By default glibc hands freed memory back to the kernel
 #: (heap trimming above 2x its dynamic mmap threshold), so a training step that frees its
-#: activations and gradients faults the same pages in again on the next step: about 150
-#: page faults a step for the benchmark MLP, 390 with four local replicas under vmap, each
-#: a few microseconds. These keep freed memory in the process, as PyTorch's CPU launcher
+#: activations and gradients faults the same pages in again on the next step: hundreds to
+#: thousands of page faults a step in the training benchmark, each a few microseconds (its
+#: tables have a column for them). These keep freed memory in the process, as PyTorch's CPU launcher
 #: does with jemalloc: an instance stays at its peak footprint, which it needs every step.
 #: Both are set together: either one alone turns off glibc's dynamic threshold and pins the
 #: other at 128 KiB, which is far worse than the default. 32 MiB is the largest mmap
