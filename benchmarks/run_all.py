@@ -27,6 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DOCS, ROOT, machine, table
 
 PY = sys.executable
+#: The training cases the goals compare (run again with more rounds for the MLP).
+GOAL_CASES = (
+    "plain-128", "plain-128-poprun", "popdist-1x4",
+    "popdist-2x1", "ddp-2", "ddp-2-alloc", "hvd-2", "hvd-2-alloc",
+)  # fmt: skip
 #: The last commit before the tuning of issue 7 (poprun's single-host MCA defaults).
 BASELINE_REV = "9c8d20b317d9ba5eb32fbf9fa484028d63d4c95b"
 
@@ -55,7 +60,15 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             "training-throughput",
         ),
         "pipeline": ([PY, str(here / "pipeline.py"), "--rounds", "5"], 120, "pipeline-benchmark"),
-    }
+        # The MLP's goals sit within this machine's launch-to-launch noise at 5 rounds:
+        # only the cases they compare, with three times the rounds.
+        "training_goals": (
+            [PY, str(here / "training_throughput.py"), "--models", "mlp", "--rounds", "15",
+             "--cases", ",".join(GOAL_CASES), "--label", "goals", *timing],
+            1500,
+            "training-throughput-goals",
+        ),
+    }  # fmt: skip
 
 
 def export_baseline(rev: str) -> str | None:
@@ -227,26 +240,35 @@ def headline() -> tuple[list[Row], list[Row]]:
         _goal(goals, "issue 7: gradient path ≥ 0.9× MPI", missing, None, None)
 
     tt = _load("training-throughput")
+    focused = (_load("training-throughput-goals") or {}).get("models", {})
     if tt:
         for model, data in tt["models"].items():
             rt, md = data["ratios"], data["median"]
             if not rt:
                 continue
-            same = "same malloc settings (poprun's) on both sides; as run"
-            r, r_run = (
-                rt["local_replicas_1x4_vs_plain_128_under_poprun"],
+            rounds = tt["rounds"]
+            if model in focused:  # the goal cases again, with more rounds: these decide
+                rt = {**rt, **focused[model]["ratios"]}
+                md = {**md, **focused[model]["median"]}
+                rounds = _load("training-throughput-goals")["rounds"]
+            tag = f"{model.upper()} ({rounds} rounds)"
+            # Goals: the anchors as users run them (python, torchrun, horovodrun), as the
+            # issue states them. Beside each, the anchor under the executor's conditions,
+            # which takes the launcher's tuning out and leaves the executor's own cost.
+            r, strict = (
                 rt["local_replicas_1x4_vs_plain_128"],
+                rt["local_replicas_1x4_vs_plain_128_under_poprun"],
             )
-            _goal(goals, f"issue 5: {model.upper()} 1 instance × 4 replicas ≥ 0.9× plain torch on 4× batch",
-                  f"{md['popdist-1x4']:.0f} vs {md['plain-128-poprun']:.0f} samples/s (plain torch launched by poprun too; against plain python: {r_run:.2f})",
+            _goal(goals, f"issue 5: {tag} 1 instance × 4 replicas ≥ 0.9× plain torch on 4× batch",
+                  f"{md['popdist-1x4']:.0f} vs {md['plain-128']:.0f} samples/s; against plain torch launched by poprun too (the executor's own cost): {strict:.2f}",
                   r, r >= 0.9)  # fmt: skip
-            r, r_run = rt["popdist_2x1_vs_ddp_2_same_allocator"], rt["popdist_2x1_vs_ddp_2"]
-            _goal(goals, f"issues 5, 7: {model.upper()} 2 instances ≥ 1.0× torchrun + DDP",
-                  f"{md['popdist-2x1']:.0f} vs {md['ddp-2-alloc']:.0f} samples/s ({same}: {r_run:.2f})",
+            r, strict = rt["popdist_2x1_vs_ddp_2"], rt["popdist_2x1_vs_ddp_2_same_allocator"]
+            _goal(goals, f"issues 5, 7: {tag} 2 instances ≥ 1.0× torchrun + DDP",
+                  f"{md['popdist-2x1']:.0f} vs {md['ddp-2']:.0f} samples/s; against DDP with poprun's malloc settings: {strict:.2f}",
                   r, r >= 1.0)  # fmt: skip
-            r, r_run = rt["popdist_2x1_vs_hvd_2_same_allocator"], rt["popdist_2x1_vs_hvd_2"]
-            _goal(goals, f"issues 5, 7: {model.upper()} 2 instances ≥ 1.0× Horovod DistributedOptimizer",
-                  f"{md['popdist-2x1']:.0f} vs {md['hvd-2-alloc']:.0f} samples/s ({same}: {r_run:.2f})",
+            r, strict = rt["popdist_2x1_vs_hvd_2"], rt["popdist_2x1_vs_hvd_2_same_allocator"]
+            _goal(goals, f"issues 5, 7: {tag} 2 instances ≥ 1.0× Horovod DistributedOptimizer",
+                  f"{md['popdist-2x1']:.0f} vs {md['hvd-2']:.0f} samples/s; against Horovod with poprun's malloc settings: {strict:.2f}",
                   r, r >= 1.0)  # fmt: skip
             _goal(goals, f"issue 7: {model.upper()} scaling efficiency 2 vs 1 (popdist / DDP / Horovod)",
                   f"{rt['scaling_popdist']:.2f} / {rt['scaling_ddp']:.2f} / {rt['scaling_hvd']:.2f}",
@@ -288,6 +310,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Import cost of popdist", "import-cost", None),
     ("Allreduce bandwidth", "allreduce", "allreduce.png"),
     ("Training throughput", "training-throughput", "training-throughput.png"),
+    ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
 ]
 
@@ -353,9 +376,10 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
         "tables). "
         "The user's own `--mca`/`OMPI_MCA_*`/`HOROVOD_CYCLE_TIME`/`MALLOC_*` choices win, and "
         "runs with explicit hosts keep Open MPI's defaults. The peers run with their own "
-        "launchers' defaults; the training goals compare against anchors under the executor's "
+        "launchers' defaults, as users run them, and the training goals compare against "
+        "them so; each goal row also gives the ratio against the anchor under the executor's "
         "conditions (plain torch launched by poprun; DDP and Horovod given poprun's malloc "
-        "settings), so they measure the executor, not the launcher. Tried and rejected: "
+        "settings), which takes the launcher's tuning out. Tried and rejected: "
         "reducing gradients with mpi4py directly from the "
         "training thread (Horovod's idle background thread, polling MPI under "
         "`MPI_THREAD_MULTIPLE`, made it 2–3× slower than Horovod's own route at 16–64 MB); "
