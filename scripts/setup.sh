@@ -66,11 +66,17 @@ ensure_venv() {
 }
 
 # --- 3. Horovod --------------------------------------------------------------------
+# Horovod's torch extension imports and was built with MPI and Gloo (what
+# `horovodrun --check-build` reports, in a fifth of its time); prints the versions.
 horovod_ok() {
     "$VENV/bin/python" - <<'PY' 2>/dev/null
 import sys
+import horovod
 import horovod.torch as hvd
-sys.exit(0 if (hvd.mpi_built() and hvd.gloo_built()) else 1)
+import torch
+if not (hvd.mpi_built() and hvd.gloo_built()):
+    sys.exit(1)
+print(f"torch {torch.__version__}, horovod {horovod.__version__}")
 PY
 }
 
@@ -123,7 +129,7 @@ build_horovod_wheel() {
 }
 
 ensure_horovod() {
-    if horovod_ok; then
+    if VERSIONS="$(horovod_ok)"; then
         return
     fi
     local pyver key dest
@@ -138,12 +144,11 @@ ensure_horovod() {
     fi
     vpip install --no-deps --force-reinstall "$dest"/horovod-*.whl
     vpip install cloudpickle psutil pyyaml packaging cffi
-    horovod_ok || die "Horovod is installed but lacks PyTorch, MPI or Gloo support"
+    VERSIONS="$(horovod_ok)" || die "Horovod is installed but lacks PyTorch, MPI or Gloo support"
 }
 
+VERSIONS=""
 ensure_mpi
 ensure_venv
 ensure_horovod
-"$VENV/bin/horovodrun" --check-build | sed -n '/Available Frameworks/,$p' | grep -E '\[X\] (PyTorch|MPI|Gloo)' >/dev/null \
-    || die "horovodrun --check-build does not show PyTorch, MPI and Gloo"
-log "ready: $("$VENV/bin/python" -c 'import torch, horovod; print(f"torch {torch.__version__}, horovod {horovod.__version__}")'), $(mpirun --version | head -1)"
+log "ready: $VERSIONS, $(mpirun --version | head -1)"
