@@ -412,9 +412,8 @@ def _plot(out: dict[str, Any], path: Path) -> None:
         ticks, labels = [], []
         for title, keys in groups:
             for k in keys:
-                hatch = (
-                    "//" if k.endswith((SAME_ALLOCATOR, "-poprun")) else None
-                )  # poprun's malloc settings
+                # hatched: run with poprun's malloc settings
+                hatch = "//" if k.endswith((SAME_ALLOCATOR, "-poprun")) else None
                 ax.bar(x, med[k], color=colours[k.split("-")[0]], width=0.8, hatch=hatch)
                 ticks.append(x)
                 labels.append(k)
