@@ -30,6 +30,7 @@ BOOL_OPTIONS = frozenset(
         "--allow-run-as-root",
         "--dry-run",
         "--use-default-allocator",
+        "--ssh-check",
     }
 )
 _BOOL_WORDS = frozenset({"yes", "no", "true", "false", "1", "0"})
@@ -132,6 +133,13 @@ def command(
             help="leave glibc malloc at its defaults (poprun keeps freed memory in each instance)",
         ),
     ] = None,
+    ssh_check: Annotated[
+        str | None,
+        typer.Option(
+            metavar="[yes|no]",
+            help="before a multi-host launch, check each remote host answers ssh [yes]",
+        ),
+    ] = None,
     vipu_server_host: Annotated[str | None, typer.Option(hidden=True)] = None,
     vipu_server_port: Annotated[str | None, typer.Option(hidden=True)] = None,
     vipu_server_timeout: Annotated[str | None, typer.Option(hidden=True)] = None,
@@ -165,6 +173,7 @@ def run(
     """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched)."""
     from poprun import config as cfg
     from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
+    from poprun.hosts import is_local
     from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
     from poprun.topology import local_numa_node_count, plan, render
 
@@ -221,6 +230,11 @@ def run(
     if config.dry_run:
         sys.stdout.write(quote(argv) + "\n")
         return 0
+    remote = [host for host in topology.hosts if not is_local(host)]
+    if remote and config.ssh_check:
+        from poprun import reach
+
+        reach.check(remote, config.global_args(), environ)
     from poprun.supervisor import Supervisor
 
     return Supervisor(config, topology, argv, mpirun_environment(config, environ)).run()

@@ -58,6 +58,7 @@ FILE_KEYS: tuple[str, ...] = (
     "timeout",
     "allow_run_as_root",
     "use_default_allocator",
+    "ssh_check",
     *VIPU_OPTIONS,
 )
 LIST_KEYS = frozenset({"host", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args"})
@@ -91,6 +92,7 @@ class RunConfig:
     timeout: float | None = None
     allow_run_as_root: bool = False
     use_default_allocator: bool = False
+    ssh_check: bool = True
     verbose: int = 0
     vipu: tuple[tuple[str, str], ...] = ()
 
@@ -139,6 +141,8 @@ class RunConfig:
             out["allow-run-as-root"] = True
         if self.use_default_allocator:
             out["use-default-allocator"] = True
+        if not self.ssh_check:
+            out["ssh-check"] = False
         for key, value in self.vipu:
             out[key.replace("_", "-")] = value
         return out
@@ -513,6 +517,7 @@ def build(
         timeout=timeout,
         allow_run_as_root=flag("allow_run_as_root"),
         use_default_allocator=flag("use_default_allocator"),
+        ssh_check=flag("ssh_check") if "ssh_check" in merged else True,
         verbose=verbose,
         vipu=vipu,
     )

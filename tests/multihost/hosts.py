@@ -38,6 +38,9 @@ SUBNET = "10.77.0"
 #: is dead is stale (its creator was killed) and the next set made removes it.
 PREFIX = "pdh"
 _made = 0
+#: A host name every host resolves (to an unused address) but whose sshd refuses: the
+#: unreachable host. ssh reaches it on port 9 of h1, where nothing listens.
+DOWN = "hdown"
 TOOLS = ("ip", "unshare", "nsenter", "ssh", "ssh-keygen", "sshd")
 _READY_S = 10.0
 
@@ -192,11 +195,13 @@ class Hosts:
         )
         lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
         lines += [f"{a} {h}" for h, a in self.addresses.items()]
+        lines.append(f"{SUBNET}.99 {DOWN}")
         (s / "hosts").write_text("\n".join(lines) + "\n")
         (s / "resolv.conf").write_text("# namespace hosts: names come from /etc/hosts only\n")
         config = []
         for host, address in self.addresses.items():
             config += [f"Host {host} {address}", f"    HostName {address}"]
+        config += [f"Host {DOWN}", f"    HostName {self.addresses[self.names[0]]}", "    Port 9"]
         config += [
             "Host *",
             "    User root",
