@@ -342,6 +342,15 @@ class Hosts:
                 return left
             time.sleep(0.05)
 
+    def close_jobs(self) -> None:
+        """SIGKILL, by pid, every process in the hosts except their sshd listeners."""
+        for host in self.names:
+            for pid in netns_pids(self.namespace(host)):
+                if pid != self.sshd_pid(host):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        _reap_children()
+
     # --- teardown -----------------------------------------------------------------------------
 
     def close(self) -> None:
