@@ -33,6 +33,10 @@ from poprun.topology import Topology
 #: After the first failure, a signal or the time-out: how long mpirun gets to end the job
 #: itself before poprun SIGKILLs every instance it knows on this host...
 GRACE_S = 1.5
+#: ... or, when some instances run on other hosts, this long: mpirun needs about 2 s to end
+#: a multi-host job (its daemons there end their instances and report back over ssh), and
+#: poprun cannot kill remote instances itself.
+REMOTE_GRACE_S = 5.0
 #: ... and how long mpirun then gets, once its instances are killed, before it is killed too.
 MPIRUN_GRACE_S = 0.8
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -83,6 +87,8 @@ class Supervisor:
         self._pidfds: dict[int, int] = {}  # pidfd -> instance (local instances only)
         self.exited: list[int] = []  # local instances in the order they ended
         self._exited_at_abort: list[int] | None = None
+        remote = any(not is_local(plan.host) for plan in topology.instances)
+        self.grace_s = REMOTE_GRACE_S if remote else GRACE_S
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -130,7 +136,7 @@ class Supervisor:
         log.debug(f"mpirun: {data.decode('utf-8', 'replace').rstrip()}")
         if self.messages.aborting and self._exited_at_abort is None:
             self._exited_at_abort = list(self.exited)
-            self._kill_at = time.monotonic() + GRACE_S
+            self._kill_at = time.monotonic() + self.grace_s
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -276,7 +282,7 @@ class Supervisor:
             log.info(f"received {name}: forwarding it to mpirun (PID {proc.pid})")
             self._send(proc, signum)
             self._signal_local_instances(signal.SIGTERM)
-            self._kill_at = time.monotonic() + GRACE_S
+            self._kill_at = time.monotonic() + self.grace_s
         else:
             log.info(f"received {name} again: killing the job now")
             self._kill_everything(proc)
@@ -287,7 +293,7 @@ class Supervisor:
         log.info(f"--timeout={self.config.timeout:g} expired: ending the job")
         self._send(proc, signal.SIGTERM)
         self._signal_local_instances(signal.SIGTERM)
-        self._kill_at = time.monotonic() + GRACE_S
+        self._kill_at = time.monotonic() + self.grace_s
 
     def _running_instances(self) -> list[int]:
         running = []
