@@ -7,8 +7,9 @@ was unable to reliably start one or more daemons", without the host. poprun firs
 same agent Open MPI will use, so the same keys and ssh configuration) and names the first
 host that fails, before anything is launched. ``--ssh-check=no`` skips it.
 
-Skipped by itself inside a Slurm or PBS allocation, where Open MPI starts its daemons
-through the scheduler (``srun``, the TM interface), not ssh.
+Skipped by itself inside a Slurm allocation, where Open MPI starts its daemons through
+``srun``, not ssh (and when ``plm`` names a launcher other than ``rsh``). Under PBS the check
+runs: Open MPI uses ssh there unless it was built with PBS's TM interface (Debian's is not).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from poprun.errors import PoprunError
 #: ssh's own connection time-out, and how much longer the whole check may take.
 CONNECT_TIMEOUT_S = 5
 _SLACK_S = 3.0
-#: Variables that mean Open MPI launches through a scheduler, not ssh.
-SCHEDULER_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID")
+#: Variables that mean Open MPI launches through Slurm's srun, not ssh.
+SCHEDULER_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
 
 
 def _mca(args: Sequence[str], name: str, default: str) -> str:
@@ -53,7 +54,7 @@ def agent(global_args: Sequence[str], environ: Mapping[str, str]) -> list[str] |
 
 
 def launched_by_scheduler(environ: Mapping[str, str], global_args: Sequence[str]) -> bool:
-    """Whether Open MPI will start its daemons through Slurm or PBS rather than ssh."""
+    """Whether Open MPI will start its daemons some other way than ssh (Slurm, or its ``plm``)."""
     plm = _mca(global_args, "plm", environ.get("OMPI_MCA_plm", ""))
     if plm:
         return plm not in ("rsh", "ssh")

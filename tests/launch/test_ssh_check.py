@@ -85,7 +85,7 @@ def test_the_check_uses_open_mpis_launch_agent(
     [
         ([], {}, False),
         ([], {"SLURM_JOB_ID": "7"}, True),
-        ([], {"PBS_JOBID": "7.server"}, True),
+        ([], {"PBS_JOBID": "7.server"}, False),
         (["--mca", "plm", "rsh"], {"SLURM_JOB_ID": "7"}, False),
         ([], {"OMPI_MCA_plm": "slurm"}, True),
     ],
