@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -216,7 +217,8 @@ class Hosts:
         ]
         (s / "ssh_config").write_text("\n".join(config) + "\n")
         wrapper = s / "ssh-wrapper"
-        wrapper.write_text(f'#!/bin/sh\nexec ssh -F {s / "ssh_config"} "$@"\n')
+        config_path = shlex.quote(str(s / "ssh_config"))
+        wrapper.write_text(f'#!/bin/sh\nexec ssh -F {config_path} "$@"\n')
         wrapper.chmod(0o755)
 
     def _start_sshds(self) -> None:
@@ -249,19 +251,24 @@ class Hosts:
                 + "\n"
             )
             _run(sshd, "-t", "-f", str(d / "sshd_config"))
+            q = {k: shlex.quote(str(v)) for k, v in (
+                ("hosts", self.state / "hosts"), ("resolv", self.state / "resolv.conf"),
+                ("sshd", sshd), ("config", d / "sshd_config"), ("log", d / "sshd.log"),
+            )}  # fmt: skip
             script = (
-                f"hostname {host} && mount --bind {self.state / 'hosts'} /etc/hosts && "
-                f"mount --bind {self.state / 'resolv.conf'} /etc/resolv.conf && "
-                f"exec {sshd} -D -f {d / 'sshd_config'} -E {d / 'sshd.log'}"
+                f"hostname {host} && mount --bind {q['hosts']} /etc/hosts && "
+                f"mount --bind {q['resolv']} /etc/resolv.conf && "
+                f"exec {q['sshd']} -D -f {q['config']} -E {q['log']}"
             )
-            self._sshd[host] = subprocess.Popen(
-                ["ip", "netns", "exec", self.namespace(host),
-                 "unshare", "--uts", "--mount", "/bin/sh", "-c", script],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=open(d / "start.log", "wb"),  # noqa: SIM115 (the child holds it)
-                start_new_session=True,
-            )  # fmt: skip
+            with open(d / "start.log", "wb") as log:
+                self._sshd[host] = subprocess.Popen(
+                    ["ip", "netns", "exec", self.namespace(host),
+                     "unshare", "--uts", "--mount", "/bin/sh", "-c", script],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    start_new_session=True,
+                )  # fmt: skip
         deadline = time.monotonic() + _READY_S
         for host, proc in self._sshd.items():
             pidfile = self.state / host / "sshd.pid"
