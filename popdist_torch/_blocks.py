@@ -344,7 +344,7 @@ class Phase:
             raise PipelineError(
                 f"Phase.ipus got {len(ipus)} ids for {len(self.stages)} stages; give one per stage"
             )
-        for stage, ipu in zip(self.stages, ipus):
+        for stage, ipu in zip(self.stages, ipus, strict=True):
             stage.ipu(ipu)
         return self
 
@@ -367,10 +367,10 @@ class _PhasedExecution(ShardedExecution):
         for item in phases:
             if isinstance(item, Phase):
                 phase = item
-            elif isinstance(item, (list, tuple)):
-                phase = Phase(*item)
-            else:
+            elif isinstance(item, (Stage, str)):
                 phase = Phase(item)
+            else:
+                phase = Phase(*item)
             self._phases.append(phase)
         self._separate_backward_phase = False
         self._tensors_liveness = Liveness.AlwaysLive

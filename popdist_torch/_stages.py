@@ -185,13 +185,13 @@ def _resolve_stages(
     stages: list[Stage]
     if strategy is None or not strategy.stages:
         auto = strategy.auto_stage if strategy is not None else AutoStage.SameAsIpu
-        ids = [ipu_of.get(name) for name in order]
-        if auto == AutoStage.SameAsIpu and all(i is not None for i in ids):
+        block_ipus = [ipu_of.get(name) for name in order]
+        if auto == AutoStage.SameAsIpu and all(i is not None for i in block_ipus):
             # PopTorch's default: the stage id is the ipu id, so the blocks of one device
             # form one stage, and stages run in device order.
             stages = [
-                Stage(*[n for n, i in zip(order, ids) if i == ipu]).ipu(ipu)
-                for ipu in sorted({i for i in ids if i is not None})
+                Stage(*[n for n, i in zip(order, block_ipus, strict=True) if i == ipu]).ipu(ipu)
+                for ipu in sorted({i for i in block_ipus if i is not None})
             ]
         else:
             # AutoIncrement (or blocks without an ipu_id): one stage per block.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -238,6 +239,7 @@ class PoplarExecutor:
         self._destroyed = False
         self._fused: bool | None = None  # vmap over replicas: unknown until the first call
         self._runner: Any = None
+        self._watch_blocks = False
         self._optimizer: torch.optim.Optimizer | None = None
         self._reducer: Any = None
         self._hvd: Any = None
@@ -265,11 +267,18 @@ class PoplarExecutor:
 
     # -- model-parallel strategies ------------------------------------------------------
     def _setup_strategy(self) -> None:
-        from popdist_torch.pipeline import StageRunner, check_accumulation, has_block_annotations
+        from popdist_torch.pipeline import has_block_annotations
 
         strategy = self._options.execution_strategy
         if strategy is None and not has_block_annotations(self._user_model):
+            # ``Block`` contexts show only when forward runs: the first call watches for them.
+            self._watch_blocks = True
             return
+        self._start_runner(strategy)
+
+    def _start_runner(self, strategy: Any) -> None:
+        from popdist_torch.pipeline import StageRunner, check_accumulation
+
         if self._training:
             check_accumulation(strategy, self._options.Training.gradient_accumulation)
         # Under poprun: --ipus-per-replica; otherwise (None) as many devices as the stages
@@ -381,13 +390,49 @@ class PoplarExecutor:
         if was_training != self._training:  # module.train() walks every submodule
             model.train(self._training)
         try:
-            if self._training:
-                return self._train(batch)
-            with torch.no_grad():
-                return self._infer(batch)
+            if self._watch_blocks:
+                return self._first_call(batch)
+            return self._run(batch)
         finally:
             if was_training != self._training:
                 model.train(was_training)
+
+    def _run(self, batch: _Batch) -> Any:
+        if self._training:
+            return self._train(batch)
+        with torch.no_grad():
+            return self._infer(batch)
+
+    def _first_call(self, batch: _Batch) -> Any:
+        """The first call of a model with no strategy: stage it if it places blocks.
+
+        PopTorch runs a model whose ``Block`` contexts carry an ``ipu_id`` as
+        ``PipelinedExecution(AutoStage.SameAsIpu)``; that shows only when forward runs, so
+        the first forward is watched and, at the first placed ``Block``, abandoned (before
+        any backward or optimizer step) and the call runs again through the stages.
+        ``Block`` contexts without an ``ipu_id`` leave the model whole, with one warning.
+        """
+        from popdist_torch._blocks import BlocksPlaced, watch_blocks
+
+        self._watch_blocks = False
+        try:
+            with watch_blocks() as seen:
+                result = self._run(batch)
+        except BlocksPlaced:
+            if self._training:
+                self._optimizer_zero_grad_for_retry()
+            self._fused = None
+            self._start_runner(None)
+            return self._run(batch)
+        if seen.unplaced_seen:
+            warnings.warn(
+                f"{type(self._user_model).__name__} has Block contexts without an ipu_id and "
+                "no execution strategy, so it runs unstaged; to stage it give each Block an "
+                "ipu_id or call opts.setExecutionStrategy(poptorch.PipelinedExecution(...))",
+                UserWarning,
+                stacklevel=3,
+            )
+        return result
 
     def _collector(self) -> OutputCollector:
         o = self._options
