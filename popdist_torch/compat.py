@@ -21,8 +21,10 @@ from popdist_torch._async import Prefetcher
 from popdist_torch.options import UnsupportedOptionError
 
 __all__ = [
+    "POPTORCH_EXECUTOR_METHODS",
     "POPTORCH_NAMES",
     "POPTORCH_OPTION_METHODS",
+    "POPTORCH_TENSOR_LOCATION_METHODS",
     "AsynchronousDataAccessor",
     "Error",
     "ICustomArgParser",
@@ -356,6 +358,37 @@ POPTORCH_OPTION_METHODS: dict[str, tuple[str, ...]] = {
     ),
     "_Popart": ("set", "setEngineOptions", "setPatterns"),
 }
+
+#: ``PoplarExecutor`` methods and properties (PopTorch 3), on ``trainingModel(...)``.
+POPTORCH_EXECUTOR_METHODS: tuple[str, ...] = (
+    "attachToDevice",
+    "compilationTime",
+    "compile",
+    "compileAndExport",
+    "copyNamedBuffersToDevice",
+    "copyWeightsToDevice",
+    "copyWeightsToHost",
+    "copyWeightsToHostIfNeeded",
+    "cycleCount",
+    "destroy",
+    "detachFromDevice",
+    "getAnchoredTensor",
+    "getComputeLatency",
+    "getHostIpuLatency",
+    "getIpuHostLatency",
+    "getLatency",
+    "getPerfCounters",
+    "getTensorNames",
+    "isAttachedToDevice",
+    "isCompiled",
+    "loadExecutable",
+    "load_state_dict",
+    "model",
+    "options",
+    "rng_state",
+    "save",
+    "setOptimizer",
+)
 
 #: ``TensorLocationSettings`` methods (PopTorch 3).
 POPTORCH_TENSOR_LOCATION_METHODS: tuple[str, ...] = (

@@ -33,7 +33,7 @@ from torch.func import vmap
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from popdist_torch.enums import OutputMode, ReductionType
-from popdist_torch.options import Options
+from popdist_torch.options import Options, UnsupportedOptionError
 from popdist_torch.outputs import OutputCollector
 
 __all__ = [
@@ -347,6 +347,85 @@ class PoplarExecutor:
             self._reducer.remove()
         self._destroyed = True
         self._attached = False
+
+    @property
+    def rng_state(self) -> list[int]:
+        """Torch's host random generator state (the device's, as PopTorch's is)."""
+        return [int(b) for b in torch.random.get_rng_state().tolist()]
+
+    @rng_state.setter
+    def rng_state(self, state: list[int]) -> None:
+        torch.random.set_rng_state(torch.tensor(state, dtype=torch.uint8))
+
+    def copyWeightsToHostIfNeeded(self) -> bool:
+        """``False``: the host copy (the user's module) is never stale."""
+        self._check_alive()
+        return False
+
+    def copyNamedBuffersToDevice(self) -> None:
+        """Nothing to copy: calls read the module's buffers directly."""
+        self._check_alive()
+
+    def compileAndExport(self, filename: str, *args: Any, **kwargs: Any) -> None:
+        """There is no executable to export."""
+        raise UnsupportedOptionError(
+            "compileAndExport is not supported: there is no executable to export; save the "
+            "weights and optimizer with popdist_torch.save_checkpoint"
+        )
+
+    def loadExecutable(self, filename: str) -> None:
+        """There is no executable to load."""
+        raise UnsupportedOptionError(
+            "loadExecutable is not supported: there is no executable; restore weights with "
+            "popdist_torch.load_checkpoint"
+        )
+
+    def save(self, filename: str, *args: Any, **kwargs: Any) -> None:
+        """PopTorch's executable files do not exist here."""
+        raise UnsupportedOptionError(
+            "PoplarExecutor.save is not supported: use popdist_torch.save_checkpoint(path, "
+            "model, optimizer)"
+        )
+
+    def getTensorNames(self) -> list[str]:
+        """Anchored tensors are not available (see ``Options.anchorTensor``)."""
+        raise UnsupportedOptionError(
+            "getTensorNames is not supported: there is no IPU graph; return the tensors "
+            "you need from forward()"
+        )
+
+    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:
+        """Anchored tensors are not available (see ``Options.anchorTensor``)."""
+        raise UnsupportedOptionError(
+            "getAnchoredTensor is not supported: return the tensor from forward() instead"
+        )
+
+    def cycleCount(self) -> int:
+        """There are no device cycles."""
+        raise UnsupportedOptionError(
+            "cycleCount is not supported: there are no IPU cycles; time calls with "
+            "time.perf_counter()"
+        )
+
+    def compilationTime(self) -> Any:
+        """There is no compilation."""
+        raise UnsupportedOptionError(
+            "compilationTime is not supported: there is no compilation (isCompiled() is True)"
+        )
+
+    def getPerfCounters(self) -> dict[str, Any]:
+        """There are no host/IPU transfer counters."""
+        raise UnsupportedOptionError(
+            "getPerfCounters is not supported: there are no IPU transfers; use torch.profiler"
+        )
+
+    def getLatency(self) -> Any:
+        """There are no host/IPU transfer latencies."""
+        raise UnsupportedOptionError(
+            "getLatency is not supported: there are no IPU transfers; use torch.profiler"
+        )
+
+    getHostIpuLatency = getComputeLatency = getIpuHostLatency = getLatency
 
     def getOptimizer(self) -> torch.optim.Optimizer | None:
         """The optimizer the training model steps."""
