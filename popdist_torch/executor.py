@@ -493,16 +493,17 @@ class PoplarExecutor:
         """
         from popdist_torch._blocks import BlocksPlaced, watch_blocks
 
-        self._watch_blocks = False
         try:
             with watch_blocks() as seen:
                 result = self._run(batch)
         except BlocksPlaced:
+            self._watch_blocks = False
             if self._training:
                 self._optimizer_zero_grad_for_retry()
             self._fused = None
             self._start_runner(None)
             return self._run(batch)
+        self._watch_blocks = False  # a call that failed is watched again next time
         if seen.unplaced_seen:
             warnings.warn(
                 f"{type(self._user_model).__name__} has Block contexts without an ipu_id and "
