@@ -221,9 +221,9 @@ def run(
     if config.dry_run:
         sys.stdout.write(quote(argv) + "\n")
         return 0
-    from poprun.supervisor import Supervisor
+    from poprun.supervisor import supervise
 
-    return Supervisor(config, topology, argv, mpirun_environment(config, environ)).run()
+    return supervise(config, topology, argv, mpirun_environment(config, environ))
 
 
 _MULTIPLE = frozenset({"host", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args"})

@@ -177,6 +177,34 @@ def test_one_failing_instance_ends_the_job_with_its_code(how: str, code: int) ->
     assert_no_descendants()
 
 
+def test_an_instance_reports_its_own_exception_as_a_record(tmp_path: Path) -> None:
+    out = tmp_path / "logs"
+    result = poprun(
+        "--num-replicas",
+        "2",
+        "--num-instances",
+        "2",
+        "--output-dir",
+        str(out),
+        PY,
+        str(BIN / "raise_one.py"),
+        "1",
+    )
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    first = lines.index(next(line for line in lines if "failed first" in line))
+    assert lines[first].startswith("poprun: instance 1 failed first: exit code 1 (host ")
+    assert lines[first + 1] == "poprun: instance 1 raised ValueError: bad shard on instance 1"
+    assert "    ValueError: bad shard on instance 1" in lines[first + 2 :]
+    # The record is data: neither on the console nor in the instance's file; the normal
+    # traceback still printed.
+    assert "popdist-error" not in result.stderr + result.stdout
+    saved = (out / "instance-1.stderr").read_text()
+    assert "\x1f" not in saved and saved.startswith("about to fail\nTraceback")
+    assert "[1,1]<stderr>:ValueError: bad shard on instance 1" in result.stderr
+    assert_no_descendants()
+
+
 def test_python_exception_in_a_horovod_collective_ends_the_job() -> None:
     pytest.importorskip("horovod.torch", reason="needs Horovod (built by the set-up)")
     result = poprun(
