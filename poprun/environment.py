@@ -64,7 +64,7 @@ def forwarded_names(environ: Mapping[str, str]) -> list[str]:
 
 def shared_values(config: RunConfig) -> dict[str, str]:
     """Values identical for every instance, exported by name from mpirun's own environment."""
-    values = {UNBUFFERED: "1", contract.ERROR_RECORD: "1"}
+    values = {UNBUFFERED: "1", contract.ERROR_RECORD: "1", contract.BACKEND: config.backend}
     if config.executable_cache_path:
         values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
     return values
