@@ -89,7 +89,7 @@ class RunConfig:
             if not option.attribute:
                 continue
             value = getattr(self, option.attribute)
-            if option.always or value not in (None, (), False):
+            if option.always or not (value is None or value is False or value == ()):
                 out[option.key.replace("_", "-")] = option.dump(value) if option.dump else value
         for key, text in self.vipu:
             out[key.replace("_", "-")] = text

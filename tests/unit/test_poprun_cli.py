@@ -191,9 +191,16 @@ def test_the_option_table_drives_help_yaml_and_export(
     # every exported option reads back from YAML to the same configuration
     path = tmp_path / "all.yaml"
     args = [*BASE, "--backend", "torch", "--timeout", "30", "--host-subnet", "lo"]
+    args += ["--only-output-from-instance", "0"]
     first = _dry(capsys, *args, "--output-dir", str(tmp_path), "--export-config", str(path))
     exported = path.read_text()
-    for key in ("backend: torch", "timeout: 30.0", "host-subnet: lo", "output-dir: "):
+    for key in (
+        "backend: torch",
+        "timeout: 30.0",
+        "host-subnet: lo",
+        "output-dir: ",
+        "instance: 0",
+    ):
         assert key in exported
     assert _dry(capsys, "--import-config", str(path)) == first
 
