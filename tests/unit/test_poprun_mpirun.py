@@ -51,7 +51,10 @@ def _ctx(**values: object) -> list[str]:
 HEAD = ["mpirun", "--tag-output", "--bind-to", "none"]
 SHM = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]  # single-host defaults
 YIELD = ["--mca", "mpi_yield_when_idle", "1"]  # ... when threads outnumber the cores
-FORWARD = ["-x", "HOME", "-x", "PATH", "-x", "PYTHONUNBUFFERED"]
+FORWARD = [
+    *("-x", "HOME", "-x", "PATH", "-x", "POPDIST_BACKEND", "-x", "POPDIST_ERROR_RECORD"),
+    *("-x", "PYTHONUNBUFFERED"),
+]
 
 
 def _values(
@@ -150,8 +153,9 @@ def test_every_context_forwards_the_environment_by_name() -> None:
     argv = _argv(config, forwarded=["HOME", "MY_VAR"], local_cpus=4)
     contexts = " ".join(argv).split(" : ")
     assert len(contexts) == 3
+    shared = "-x HOME -x MY_VAR -x POPDIST_BACKEND -x POPDIST_ERROR_RECORD -x PYTHONUNBUFFERED"
     for context in contexts:
-        assert "-x HOME -x MY_VAR -x PYTHONUNBUFFERED -x POPDIST_" in context
+        assert f"{shared} -x POPDIST_NUM_TOTAL_REPLICAS=" in context
     assert argv.index("-x") > argv.index("-np")
 
 
@@ -238,13 +242,17 @@ def test_host_subnet_maps_to_interface_selection() -> None:
 
 def test_cache_path_goes_by_name() -> None:
     argv = _argv(_config(executable_cache_path="/tmp/with space"))
-    assert argv[10:20] == [
+    assert argv[10:24] == [
         "-np",
         "1",
         "-x",
         "HOME",
         "-x",
         "PATH",
+        "-x",
+        "POPDIST_BACKEND",
+        "-x",
+        "POPDIST_ERROR_RECORD",
         "-x",
         "POPDIST_EXECUTABLE_CACHE_PATH",
         "-x",
