@@ -151,6 +151,7 @@ class Supervisor:
             mpirun_failure=self.output.messages.failure,
             exited_at_abort=None if self._exited_at_abort is None else tuple(self._exited_at_abort),
             escalated=self._escalated,
+            remote=tuple(p.index for p in self.topology.instances if not is_local(p.host)),
         )
 
     def _record_signal(self, signum: int, frame: object) -> None:
