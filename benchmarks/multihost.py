@@ -179,7 +179,11 @@ def main() -> int:
             "Two hosts made of network namespaces with sshd on this one machine "
             "(`tests/multihost/hosts.py`), one instance per host, every job started on h1. "
             "The figures measure launch cost (ssh, Open MPI's daemons, Python start-up) and "
-            "the TCP path between namespaces, not a real network.",
+            "the TCP path between namespaces, not a real network. Both hosts share this "
+            "machine's cores, so each host's threads compete with the other host's: "
+            "Horovod's two busy threads per instance (the background thread in MPI, the "
+            "training thread waiting on it) against raw MPI's one. The machine's load "
+            "average (first line) counts the other jobs it ran meanwhile.",
             f"### Launch + start the backend, 2 hosts (median of {args.rounds} interleaved rounds)",
             table(
                 ["launcher", "wall time"],
