@@ -14,6 +14,7 @@ from popdist_torch.executor import (
     inferenceModel,
     trainingModel,
 )
+from popdist_torch.launch_options import PopdistOptions
 from popdist_torch.options import (
     FrozenOptionsError,
     Options,
@@ -32,6 +33,7 @@ __all__ = [
     "Options",
     "OptionsError",
     "OutputMode",
+    "PopdistOptions",
     "PoplarExecutor",
     "ReductionType",
     "TensorLocationSettings",

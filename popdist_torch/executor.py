@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from torch import nn
 from torch.func import vmap
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
+from popdist.env import read_compute_threads
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.options import Options
 from popdist_torch.outputs import OutputCollector
@@ -67,24 +67,6 @@ def _has_running_stats(model: nn.Module) -> bool:
         isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.training
         for m in model.modules()
     )
-
-
-def _compute_threads() -> int | None:
-    """Intra-op threads for one of several processes on a host: cores / local processes.
-
-    ``None`` when the user chose (``OMP_NUM_THREADS``) or the run is a single process.
-    """
-    if os.environ.get("OMP_NUM_THREADS"):
-        return None
-    from popdist.env import read_run
-
-    local = read_run().num_local_instances
-    if local <= 1:
-        return None
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
-    return max(1, cores // local)
 
 
 class _Batch:
@@ -248,7 +230,7 @@ class PoplarExecutor:
         self._setup_strategy()
         dist = opts.Distributed
         if dist.numProcesses > 1:
-            threads = _compute_threads()
+            threads = read_compute_threads()
             if threads is not None:
                 torch.set_num_threads(threads)
             from popdist_torch.collectives import GradientReducer, broadcast_state, connect
@@ -276,7 +258,7 @@ class PoplarExecutor:
             check_accumulation(strategy, self._options.Training.gradient_accumulation)
         # Under poprun: --ipus-per-replica; otherwise (None) as many devices as the stages
         # name, which the runner learns when it splits the model (auto-staging included).
-        devices = getattr(self._options, "ipus_per_replica", None)
+        devices = self._options.ipus_per_replica
         self._runner = StageRunner(self._user_model, strategy, num_devices=devices)
 
     # -- PopTorch's executor surface ----------------------------------------------------
