@@ -251,7 +251,7 @@ class StageRunner:
     def num_stages(self) -> int:
         """Stages of the most recently used plan (after the first call)."""
         if not self._plans:
-            raise RuntimeError("num_stages is known after the first forward")
+            raise PipelineError("num_stages is known after the first forward")
         return len(next(reversed(self._plans.values())).stages)
 
     def forward_backward(

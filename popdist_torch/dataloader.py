@@ -28,6 +28,7 @@ from torch.utils import data as tud
 from popdist import sharding
 from popdist_torch._async import Prefetcher, rebatch
 from popdist_torch.enums import DataLoaderMode
+from popdist_torch.errors import DataLoaderError
 
 #: Values of the ``order`` argument.
 ORDER_POPTORCH = "poptorch"
@@ -159,7 +160,7 @@ class _CombiningBatchSampler(tud.Sampler[list[int]]):
 def _join_micro_batches(group: list[list[int]]) -> list[int]:
     sizes = {len(m) for m in group}
     if len(sizes) > 1:
-        raise ValueError(
+        raise DataLoaderError(
             f"batch_sampler yielded micro-batches of sizes {sorted(sizes)} within one "
             "combined batch: every micro-batch of a combined batch must have the same size, "
             "since the combined batch is split evenly between replicas and steps"
@@ -214,7 +215,7 @@ def _check_batch_size(batch_size: object) -> None:
     if batch_size is None:
         return
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
+        raise DataLoaderError(
             f"DataLoader batch_size={batch_size!r} is invalid: it is the micro-batch size "
             "of one replica and must be a positive integer (e.g. batch_size=1)"
         )
@@ -249,7 +250,7 @@ class DataLoader(tud.DataLoader[Any]):
         shuffle = bool(shuffle)
         mode = DataLoaderMode(mode)
         if order not in ORDERS:
-            raise ValueError(f"DataLoader order={order!r} is invalid: use one of {ORDERS}")
+            raise DataLoaderError(f"DataLoader order={order!r} is invalid: use one of {ORDERS}")
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         if hasattr(options, "_freeze"):
@@ -316,7 +317,7 @@ class DataLoader(tud.DataLoader[Any]):
 
         if batch_size is None:
             if self._auto:
-                raise ValueError(
+                raise DataLoaderError(
                     "DataLoader batch_size=None is only allowed with "
                     "auto_distributed_partitioning=False: the loader needs a micro-batch "
                     "size to build combined batches"
@@ -340,14 +341,14 @@ class DataLoader(tud.DataLoader[Any]):
 
         if is_iterable:
             if shuffle:
-                raise ValueError(
+                raise DataLoaderError(
                     "DataLoader shuffle=True cannot shuffle an IterableDataset: shuffle "
                     "inside the dataset's __iter__ instead"
                 )
             dataset = _ShardedIterable(dataset, self._process_id, self._num_processes, self._auto)
         elif "sampler" in kwargs and kwargs["sampler"] is not None:
             if distributed:
-                raise ValueError(
+                raise DataLoaderError(
                     "DataLoader(sampler=...) cannot be combined with automatic partitioning "
                     f"over {self._num_processes} processes: pass a batch_sampler (sharded "
                     "here), or auto_distributed_partitioning=False and shard it yourself"
@@ -378,7 +379,7 @@ class DataLoader(tud.DataLoader[Any]):
         kwargs: dict[str, Any],
     ) -> None:
         if batch_size != 1 or shuffle or kwargs.get("sampler") is not None:
-            raise ValueError(
+            raise DataLoaderError(
                 "DataLoader batch_sampler is mutually exclusive with batch_size, shuffle and "
                 "sampler: each index list the batch_sampler yields is one micro-batch; "
                 "leave batch_size=1 and shuffle=False"
@@ -395,25 +396,25 @@ class DataLoader(tud.DataLoader[Any]):
         """Validate the asynchronous options; returns the batch size torch should use."""
         unknown = set(async_options or {}) - ASYNC_OPTION_KEYS
         if unknown:
-            raise ValueError(
+            raise DataLoaderError(
                 f"DataLoader async_options has unknown keys {sorted(unknown)}: "
                 f"known keys are {sorted(ASYNC_OPTION_KEYS)}"
             )
         depth = (async_options or {}).get("buffer_size", DEFAULT_BUFFER_SIZE)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(
+            raise DataLoaderError(
                 f"DataLoader async_options['buffer_size']={depth!r} is invalid: "
                 "use a positive integer (combined batches loaded ahead)"
             )
         self._depth = depth
         if worker_size is None or self._combined is None:
             if worker_size is not None:
-                raise ValueError(
+                raise DataLoaderError(
                     "DataLoader rebatched_worker_size needs batch_size set and no batch_sampler"
                 )
             return self._combined
         if mode != DataLoaderMode.AsyncRebatched:
-            raise ValueError(
+            raise DataLoaderError(
                 f"DataLoader rebatched_worker_size={worker_size} only applies to "
                 "mode=DataLoaderMode.AsyncRebatched"
             )
@@ -423,7 +424,7 @@ class DataLoader(tud.DataLoader[Any]):
             or worker_size < 1
             or self._combined % worker_size
         ):
-            raise ValueError(
+            raise DataLoaderError(
                 f"DataLoader rebatched_worker_size={worker_size!r} is invalid: it must be a "
                 f"positive divisor of the combined batch size {self._combined}"
             )
@@ -432,7 +433,7 @@ class DataLoader(tud.DataLoader[Any]):
 
     def _setup_map_style(self, dataset: Any, shuffle: bool, drop_last: bool) -> None:
         if not isinstance(dataset, Sized):
-            raise ValueError(
+            raise DataLoaderError(
                 f"DataLoader needs len(dataset): {type(dataset).__name__} has no __len__ "
                 "(make it an IterableDataset to stream it)"
             )
@@ -441,17 +442,17 @@ class DataLoader(tud.DataLoader[Any]):
         assert combined is not None
         processes = self._num_processes if self._auto else 1
         if shuffle and processes > 1 and self._seed is None:
-            raise ValueError(
+            raise DataLoaderError(
                 f"DataLoader shuffle=True with {processes} processes needs "
                 "Options.randomSeed(...) so that every process shuffles the same way: "
                 "call options.randomSeed(<int>) before building the DataLoader"
             )
         if num_samples == 0:
-            raise ValueError("DataLoader got an empty dataset (len(dataset) == 0)")
+            raise DataLoaderError("DataLoader got an empty dataset (len(dataset) == 0)")
         b, (di, r, ga) = self._batch_size, self._topology
         needed = combined * processes
         if drop_last and num_samples < needed:
-            raise ValueError(
+            raise DataLoaderError(
                 f"DataLoader: the dataset of {num_samples} samples is smaller than one "
                 f"combined batch per process ({combined} = batch_size {b} × deviceIterations "
                 f"{di} × local replicas {r} × gradientAccumulation {ga}, × {processes} "
@@ -460,7 +461,7 @@ class DataLoader(tud.DataLoader[Any]):
                 "drop_last=False"
             )
         if not drop_last and processes > 1 and num_samples < processes:
-            raise ValueError(
+            raise DataLoaderError(
                 f"DataLoader: the dataset of {num_samples} samples leaves some of the "
                 f"{processes} processes without any sample: use a larger dataset or fewer "
                 "instances"
@@ -641,7 +642,7 @@ class DataLoader(tud.DataLoader[Any]):
         """Make the next ``__iter__`` start at the saved epoch and batch."""
         epoch, batch = int(state["epoch"]), int(state.get("batch", 0))
         if epoch < 0 or batch < 0:
-            raise ValueError(f"DataLoader state epoch={epoch}, batch={batch} must be >= 0")
+            raise DataLoaderError(f"DataLoader state epoch={epoch}, batch={batch} must be >= 0")
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from popdist.env import read_cache_dir
 from popdist_torch.enums import MeanReductionStrategy, OutputMode, ReductionType
+from popdist_torch.errors import FrozenOptionsError, OptionsError, UnsupportedOptionError
 
 __all__ = [
     "NO_OP_OPTIONS",
@@ -52,18 +53,6 @@ NO_OP_OPTIONS: tuple[str, ...] = (
 )
 
 _Self = TypeVar("_Self", bound="_OptionGroup")
-
-
-class OptionsError(ValueError):
-    """An option was given a value it cannot take."""
-
-
-class FrozenOptionsError(RuntimeError):
-    """A setter was called on options a DataLoader (or ``_freeze()``) has frozen."""
-
-
-class UnsupportedOptionError(RuntimeError):
-    """A PopTorch option that has no meaning on this executor and cannot be honoured."""
 
 
 def _positive_int(name: str, value: object, *, minimum: int = 1) -> int:
