@@ -251,9 +251,14 @@ def make_runner(
     *,
     reducer: GradientReducer | None,
     zero_grad: Callable[[], None] | None = None,
+    staged: bool | None = None,
 ) -> ReplicaRunner:
-    """The runner for ``model`` under ``options``; ``zero_grad`` restarts an update."""
-    if not uses_stages(model, options):
+    """The runner for ``model`` under ``options``; ``zero_grad`` restarts an update.
+
+    ``staged`` forces the choice (the executor stages a model whose first forward placed
+    ``Block`` contexts); by default a model is staged when :func:`uses_stages` says so.
+    """
+    if not (uses_stages(model, options) if staged is None else staged):
         return LocalReplicaRunner(model, reducer, zero_grad)
     from popdist_torch.pipeline import StageRunner
 
