@@ -10,20 +10,6 @@ import warnings as _warnings
 from typing import Any as _Any
 
 from popdist_torch import optim, profiling
-from popdist_torch._blocks import (
-    BeginBlock,
-    Block,
-    BlockFunction,
-    ParallelPhasedExecution,
-    Phase,
-    PhasedExecution,
-    PipelinedExecution,
-    PipelineError,
-    SerialPhasedExecution,
-    ShardedExecution,
-    Stage,
-    removeBlocks,
-)
 from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from popdist_torch.compat import (
     AsynchronousDataAccessor,
@@ -102,6 +88,20 @@ from popdist_torch.options import (
     OptionsError,
     TensorLocationSettings,
     UnsupportedOptionError,
+)
+from popdist_torch.pipeline import (
+    BeginBlock,
+    Block,
+    BlockFunction,
+    ParallelPhasedExecution,
+    Phase,
+    PhasedExecution,
+    PipelinedExecution,
+    PipelineError,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+    removeBlocks,
 )
 
 __all__ = [
