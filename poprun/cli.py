@@ -106,6 +106,7 @@ def run(
     """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched)."""
     from poprun import config as cfg
     from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
+    from poprun.hosts import is_local
     from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
     from poprun.topology import render
 
@@ -149,6 +150,11 @@ def run(
     if config.dry_run:
         sys.stdout.write(quote(argv) + "\n")
         return 0
+    remote = [host for host in topology.hosts if not is_local(host)]
+    if remote and config.ssh_check:
+        from poprun import reach
+
+        reach.check(remote, config.global_args(), environ)
     from poprun.supervisor import supervise
 
     return supervise(config, topology, argv, mpirun_environment(config, environ))
