@@ -102,6 +102,7 @@ class TagDemux:
         size = len(buf)
         run: list[bytes] = []
         run_key: tuple[int, str] | None = None
+        newline = -2  # the next \n at or after pos (-1: none); -2: not looked for yet
 
         def hand_on() -> None:
             if run and run_key is not None:
@@ -131,12 +132,14 @@ class TagDemux:
             if self._current != run_key:
                 hand_on()
                 run_key = self._current
-            end, stripped = _same_tag_run(buf, pos, self._tag)
-            if end > pos:  # many lines of this stream in a row: one step, done in C
-                run.append(stripped)
-                pos = end
-                continue
-            newline = buf.find(b"\n", pos)
+            if newline != -1 and newline < pos:  # -1: none in the rest of the buffer
+                newline = buf.find(b"\n", pos)
+            if newline >= 0:
+                end, stripped = _same_tag_run(buf, pos, self._tag)
+                if end > pos:  # many lines of this stream in a row: one step, done in C
+                    run.append(stripped)
+                    pos = end
+                    continue
             tag = _TAG.search(buf, pos, newline + 1 if newline >= 0 else size)
             if tag is not None:
                 if tag.start() > pos:
@@ -233,7 +236,7 @@ class LineSplitter:
 
 @dataclass
 class InstanceStream:
-    """One instance's stdout or stderr: pid marker, file copy, console lines, stderr tail."""
+    """One instance's stdout or stderr: pid marker, file copy, console lines; stderr's tail."""
 
     instance: int
     kind: str
@@ -294,26 +297,10 @@ class InstanceStream:
         return [line.decode("utf-8", "replace").rstrip("\r\n") for line in lines][-TAIL_LINES:]
 
     def _emit(self, text: bytes) -> None:
-        """Complete lines: stderr tail, traceback watch, prefixed copy to the console."""
+        """Complete lines: stderr tail and traceback watch, prefixed copy to the console."""
         plain = b"\r" not in text  # every line ends in \n: the common case, done in C
-        if plain:
-            start = len(text) - 1
-            for _ in range(TAIL_LINES):
-                start = text.rfind(b"\n", 0, start)
-                if start < 0:
-                    break
-            lines = text[start + 1 :].splitlines(keepends=True)
-        else:
-            lines = text.splitlines(keepends=True)
-        self.tail.extend(
-            line[-TAIL_LINE_BYTES:]
-            for line in lines
-            if line.endswith(b"\n") or not line.endswith(b"\r")
-        )
-        if self.traceback_at is None and (
-            text.startswith(_TRACEBACK) or b"\n" + _TRACEBACK in text or b"\r" + _TRACEBACK in text
-        ):
-            self.traceback_at = time.monotonic()
+        if self.kind == "stderr":  # what the failure report quotes
+            self._watch(text, plain)
         if self.console is None:
             self._mid_line = False
             return
@@ -326,10 +313,33 @@ class InstanceStream:
             # A bare carriage return (progress bars start with one) needs no prefix.
             out = b"".join(
                 line if line == b"\r" or (i == 0 and self._mid_line) else head + line
-                for i, line in enumerate(lines)
+                for i, line in enumerate(text.splitlines(keepends=True))
             )
         self._mid_line = False
         self.console.write(out)
+
+    def _watch(self, text: bytes, plain: bool) -> None:
+        """Keep the last lines for the failure report; note when a traceback starts."""
+        if plain:
+            start = len(text) - 1
+            for _ in range(TAIL_LINES):
+                start = text.rfind(b"\n", 0, start)
+                if start < 0:
+                    break
+            lines = text[start + 1 :].splitlines(keepends=True)
+        else:
+            lines = [
+                line
+                for line in text.splitlines(keepends=True)
+                if line.endswith(b"\n") or not line.endswith(b"\r")
+            ]
+        if max(map(len, lines), default=0) > TAIL_LINE_BYTES:
+            lines = [line[-TAIL_LINE_BYTES:] for line in lines]
+        self.tail.extend(lines)
+        if self.traceback_at is None and (
+            text.startswith(_TRACEBACK) or b"\n" + _TRACEBACK in text or b"\r" + _TRACEBACK in text
+        ):
+            self.traceback_at = time.monotonic()
 
     def _strip_marker(self, data: bytes) -> bytes:
         pending = (self._marker_pending or b"") + data

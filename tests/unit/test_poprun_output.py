@@ -202,3 +202,17 @@ def test_line_splitter_agrees_with_splitlines_in_any_chunking(seed: int) -> None
         pos += step
     rest = splitter.flush()
     assert got + ([rest] if rest else []) == whole.splitlines(keepends=True)
+
+
+def test_a_line_longer_than_the_limit_streams_with_one_prefix() -> None:
+    console = io.BytesIO()
+    stream = InstanceStream(2, "stdout", console)
+    piece = b"z" * 10_000
+    for _ in range(20):  # 200 kB of one line: it reaches the console before it ends
+        stream.feed(piece)
+    shown = console.getvalue()
+    assert shown.startswith(b"[1,2]<stdout>:z") and len(shown) > output.OPEN_LINE_BYTES
+    assert len(stream.splitter.pending()) <= output.OPEN_LINE_BYTES  # bounded memory
+    stream.feed(b"end\nnext\n")
+    stream.close()
+    assert console.getvalue() == b"[1,2]<stdout>:" + piece * 20 + b"end\n[1,2]<stdout>:next\n"
