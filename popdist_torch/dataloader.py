@@ -19,7 +19,7 @@ import contextlib
 import math
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any, Protocol
 
 import torch
@@ -635,13 +635,72 @@ class DataLoader(tud.DataLoader[Any]):
             "batch": batch,
             "seed": self._seed,
             "worker_seed": self._worker_seed,
+            "topology": self._topology_record(),
         }
 
+    def _topology_record(self) -> dict[str, Any]:
+        """What decides which samples a combined batch holds: resuming needs the same."""
+        di, local, ga = self._topology
+        return {
+            "processes": self._num_processes if self._auto else 1,
+            "local_replicas": local,
+            "device_iterations": di,
+            "gradient_accumulation": ga,
+            "batch_size": self._batch_size,
+            "combined": self._combined,
+            "num_samples": self._num_samples,
+            "order": self._order,
+            "shuffle": self._shuffle,
+            "drop_last": self._drop_last,
+        }
+
+    def _resume_batch(self, saved: Mapping[str, Any], batch: int) -> int:
+        """``batch`` (saved on ``saved``'s topology) as a batch index of this topology.
+
+        The same topology, or the start of an epoch: unchanged. The topology-invariant order
+        with a step boundary in common: the batch that starts at the same sample. Otherwise
+        resuming would skip or repeat samples: refused, with what to do.
+        """
+        current = self._topology_record()
+        if batch == 0 or dict(saved) == current:
+            return batch
+
+        def describe(t: Mapping[str, Any]) -> str:
+            return (
+                f"{t['processes']} process(es) × {t['local_replicas']} local replica(s), "
+                f"combined batch {t['combined']}, {t['order']} order"
+            )
+
+        same_data = all(
+            saved.get(key) == current[key] for key in ("num_samples", "shuffle", "drop_last")
+        )
+        if same_data and saved.get("order") == current["order"] == ORDER_TOPOLOGY_INVARIANT:
+            old_step = int(saved["combined"]) * int(saved["processes"])
+            new_step = int(current["combined"]) * int(current["processes"])
+            n = int(current["num_samples"])
+            shift_same = not self._shuffle or n % old_step == n % new_step
+            consumed = batch * old_step
+            if shift_same and consumed % new_step == 0:
+                return consumed // new_step
+        raise ValueError(
+            f"DataLoader state was saved mid-epoch (batch {batch}) with {describe(saved)}; "
+            f"this DataLoader has {describe(current)}: resuming would skip or repeat samples. "
+            "Resume with the same topology, save at the end of an epoch, or use "
+            "order='topology_invariant' with global steps that divide each other"
+        )
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next ``__iter__`` start at the saved epoch and batch."""
+        """Make the next ``__iter__`` start at the saved epoch and batch.
+
+        A state saved with another topology (instances, replicas, batch sizes) resumes only
+        where the same samples follow: see :meth:`_resume_batch`.
+        """
         epoch, batch = int(state["epoch"]), int(state.get("batch", 0))
         if epoch < 0 or batch < 0:
             raise ValueError(f"DataLoader state epoch={epoch}, batch={batch} must be >= 0")
+        saved = state.get("topology")
+        if saved is not None:
+            batch = self._resume_batch(saved, batch)
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None
