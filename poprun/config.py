@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from poprun import userfile
 from poprun.errors import PoprunError, read_user_file
 from poprun.hosts import is_local, parse_host_file, parse_host_list
 
@@ -310,7 +311,7 @@ def load_file(path: str) -> dict[str, Any]:
     import yaml  # only when a file is imported: keeps start-up light
 
     try:
-        data = yaml.safe_load(text)
+        data = userfile.load_yaml(option, path, text)  # aliases counted: no anchor bombs
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
