@@ -40,7 +40,7 @@ def read_user_file(option: str, path: str, kind: str) -> str:
                 option,
                 path,
                 "is not a regular file (a FIFO, a device or a socket)",
-                f"save the {kind} to a file and give its path",
+                f"give the path of a {kind} on disk (copy a stream to a file first)",
             )
         too_big = PoprunError(
             option,

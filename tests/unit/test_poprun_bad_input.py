@@ -287,7 +287,9 @@ def _table() -> str:  # pragma: no cover - docs generator
                 _, _, err = run_case(argv)
             finally:
                 mp.undo()
-        shown = " ".join(a for a in argv if a != "--mpirun-missing")
+        shown = " ".join(
+            a if len(a) < 60 else a[:30] + "…" for a in argv if a != "--mpirun-missing"
+        )
         cmd = f"`poprun {shown}`" + (" (no mpirun on PATH)" if "--mpirun-missing" in argv else "")
         message = err.strip().replace("|", "\\|")
         rows.append(f"| {case} | {cmd.replace('|', chr(92) + '|')} | `{message}` |")
