@@ -34,7 +34,13 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CheckpointError", "load_checkpoint", "read_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "load_checkpoint",
+    "read_checkpoint",
+    "resume_checkpoint",
+    "save_checkpoint",
+]
 
 FORMAT = "popdist_torch.checkpoint/1"  # the state itself (the payload)
 #: The file: the payload's bytes and their SHA-256.
@@ -388,6 +394,26 @@ def load_checkpoint(
     if restore_rng:
         set_rng_state(state["rng"])
     return state
+
+
+def resume_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    model: _Stateful,
+    optimizer: _Stateful | None = None,
+    dataloader: _Stateful | None = None,
+) -> int:
+    """The step to start from: ``path``'s if it exists (loaded as :func:`load_checkpoint`), else 0.
+
+    Call it on every instance at start-up, then save with :func:`save_checkpoint` as you go:
+    the same script then starts fresh the first time and resumes exactly after a restart
+    (``poprun --max-restarts N`` relaunches the job after an instance failure; saves are
+    atomic, so the file is always the last complete one).
+    """
+    if not Path(path).exists():
+        return 0
+    state = load_checkpoint(path, model=model, optimizer=optimizer, dataloader=dataloader)
+    return int(state["step"])
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
