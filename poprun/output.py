@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from popdist.error_record import MARKER
 from poprun.mpirun import PID_MARKER
 
 _TRACEBACK = b"Traceback (most recent call last):"
@@ -31,6 +32,7 @@ TAIL_LINE_BYTES = 4096
 #: A line longer than this goes to the console in pieces as it arrives (the first with the
 #: prefix), as mpirun forwards it: poprun's memory stays bounded whatever the program writes.
 OPEN_LINE_BYTES = 1 << 16
+RECORD_MARKER = MARKER.encode()
 
 
 def prefix(instance: int, kind: str) -> bytes:
@@ -236,13 +238,16 @@ class LineSplitter:
 
 @dataclass
 class InstanceStream:
-    """One instance's stdout or stderr: pid marker, file copy, console lines; stderr's tail."""
+    """One instance's stdout or stderr: pid marker, error records, file copy, console, tail."""
 
     instance: int
     kind: str
     console: BinaryIO | None
     file: BinaryIO | None = None
     on_pid: Callable[[int, int], None] | None = None
+    #: Called with each structured error record line (``popdist.error_record``), which is
+    #: then neither shown, nor kept in the tail, nor written to the file.
+    on_record: Callable[[int, bytes], None] | None = None
     splitter: LineSplitter = field(default_factory=LineSplitter)
     tail: collections.deque[bytes] = field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES)
@@ -263,13 +268,13 @@ class InstanceStream:
             data = self._strip_marker(data)
             if not data:
                 return
-        if self.file is not None:
-            self.file.write(data)
         text = self.splitter.feed_text(data)
         if text:
             self._emit(text)
         part = self.splitter.take_open(OPEN_LINE_BYTES)
         if part:
+            if self.file is not None:
+                self.file.write(part)
             if self.console is not None:
                 self.console.write(
                     part if self._mid_line else prefix(self.instance, self.kind) + part
@@ -284,7 +289,7 @@ class InstanceStream:
         self._marker_pending = None
         rest = self.splitter.flush()
         if rest:
-            self._emit(rest + b"\n")
+            self._emit(rest + b"\n", raw=rest)
         if self.file is not None:
             self.file.flush()
 
@@ -296,8 +301,20 @@ class InstanceStream:
             lines.append(pending)
         return [line.decode("utf-8", "replace").rstrip("\r\n") for line in lines][-TAIL_LINES:]
 
-    def _emit(self, text: bytes) -> None:
-        """Complete lines: stderr tail and traceback watch, prefixed copy to the console."""
+    def _emit(self, text: bytes, raw: bytes | None = None) -> None:
+        """Complete lines: records out, file copy, stderr tail and traceback watch, console.
+
+        ``raw``: what the file gets instead of ``text`` (the last line, without the newline
+        added for the console).
+        """
+        if self.on_record is not None and RECORD_MARKER in text:
+            kept = [line for line in text.splitlines(keepends=True) if not self._is_record(line)]
+            text = b"".join(kept)
+            if not text:
+                return
+            raw = None
+        if self.file is not None:  # the file keeps the bytes as written
+            self.file.write(text if raw is None else raw)
         plain = b"\r" not in text  # every line ends in \n: the common case, done in C
         if self.kind == "stderr":  # what the failure report quotes
             self._watch(text, plain)
@@ -340,6 +357,13 @@ class InstanceStream:
             text.startswith(_TRACEBACK) or b"\n" + _TRACEBACK in text or b"\r" + _TRACEBACK in text
         ):
             self.traceback_at = time.monotonic()
+
+    def _is_record(self, line: bytes) -> bool:
+        """Hand a structured error record line to ``on_record`` (it is data, not output)."""
+        if not line.startswith(RECORD_MARKER) or self.on_record is None:
+            return False
+        self.on_record(self.instance, line)
+        return True
 
     def _strip_marker(self, data: bytes) -> bytes:
         pending = (self._marker_pending or b"") + data
