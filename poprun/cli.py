@@ -252,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     from typer._click.exceptions import ClickException
     from typer.exceptions import Exit
 
+    if argv is None:  # the real command: closed or vanishing standard streams are no error
+        from poprun import console
+
+        console.install()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         options, program = normalise(args)

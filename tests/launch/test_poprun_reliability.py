@@ -49,7 +49,7 @@ def test_a_child_holding_the_output_open_does_not_hang_the_job() -> None:
     proc = start(*TWO, "sh", "-c", "sleep 300 & echo bg $!")
     out, err = _finish(proc, timeout=40)
     assert proc.returncode == 0, err
-    left = [int(line.split()[-1]) for line in out.splitlines() if " bg " in f" {line}"]
+    left = [int(line.split()[-1]) for line in out.splitlines() if ":bg " in line]
     assert len(left) == 2, out
     assert "left behind" in err and all(str(pid) in err for pid in left), err
     assert all(_state(pid) in ("", "Z") for pid in left)
