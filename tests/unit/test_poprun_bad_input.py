@@ -43,6 +43,8 @@ FILES = {
     "vipu-bomb.yaml": f"vipu-partition: {_bomb(6)}\n",
     "self.yaml": "num-replicas: &a [1, *a]\n",
     "big.hosts": "node0\n" + "#" * (2 << 20) + "\n",
+    "dryrun.yaml": "dry-run: yes\n",
+    "noshebang.py": "print('hello')\n",
 }
 
 #: (case, argv, words the one-line message must contain)
@@ -228,7 +230,32 @@ CASES: list[tuple[str, list[str], list[str]]] = [
         ["expands to more than 100000 values"],
     ),
     ("YAML alias to itself", ["--import-config", "self.yaml", "true"], ["refers to itself"]),
-]
+    ("YAML key of the command line only", ["--import-config", "dryrun.yaml", "true"],
+     ["'dry-run' is a poprun option of the command line only", "--dry-run"]),
+    ("timeout too long for the event loop", ["--timeout", "2147484", "true"],
+     ["--timeout=2147484", "more than 2147483 seconds"]),
+    ("output dir under a file", ["--output-dir", "a-file/logs", "true"],
+     ["is a file, so the directory cannot be created"]),
+    ("output dir in /proc", ["--output-dir", "/proc/self/logs", "true"], ["kernel file system"]),
+    ("output dir with a directory for a file",
+     ["--num-instances", "2", "--num-replicas", "2", "--output-dir", "outdir", "true"],
+     ["instance-1.stderr is a directory"]),
+    ("export config into /proc", ["--export-config", "/proc/self/run.yaml", "true"],
+     ["--export-config=/proc/self/run.yaml", "kernel file system"]),
+    ("mpirun's -np", ["-np", "2", "true"], ["-np: is mpirun's option", "--num-instances"]),
+    ("mpirun's --hostfile", ["--hostfile", "h", "true"], ["use --host-file"]),
+    ("stray word in MPI args", ["--mpi-local-args", "echo", "true"],
+     ["--mpi-local-args=echo", "'echo' is not an mpirun option"]),
+    ("-np in MPI args", ["--mpi-global-args", "-np 4", "true"],
+     ["--mpi-global-args=-np 4", "use poprun's --num-instances"]),
+    ("-H in MPI args", ["--mpi-global-args=-H a,b", "true"], ["use poprun's --host or --host-file"]),
+    ("--app in MPI args", ["--mpi-global-args=--app f", "true"], ["poprun writes the app contexts"]),
+    ("POPDIST variable in MPI args", ["--mpi-local-args=-x POPDIST_NUM_INSTANCES=3", "true"],
+     ["leave POPDIST_* to poprun"]),
+    ("program is a directory", ["./fakebin"], ["program=./fakebin: is a directory"]),
+    ("program without #! line", ["./noshebang.py"],
+     ["Exec format error", "#!/usr/bin/env python3"]),
+]  # fmt: skip
 
 
 def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, *, with_mpirun: bool = True) -> Path:
@@ -236,6 +263,8 @@ def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, *, with_mpirun: bool = Tr
         (tmp / name).write_text(text)
     for name in ("hosts.fifo", "config.fifo"):  # no writer: reading one would block forever
         os.mkfifo(tmp / name)
+    (tmp / "noshebang.py").chmod(0o755)  # executable, but no #! line
+    (tmp / "outdir" / "instance-1.stderr").mkdir(parents=True)
     fake = tmp / "fakebin"
     fake.mkdir()
     if with_mpirun:
