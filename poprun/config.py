@@ -59,6 +59,7 @@ class RunConfig:
     executable_cache_path: str | None = None
     host_subnet: str | None = None
     timeout: float | None = None
+    max_restarts: int = 0
     allow_run_as_root: bool = False
     use_default_allocator: bool = False
     verbose: int = 0

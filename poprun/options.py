@@ -347,6 +347,13 @@ OPTIONS: tuple[Option, ...] = (
         "end the job after SECONDS (exit 124)",
         attribute="timeout",
     ),
+    Option(
+        "max_restarts",
+        parse_index,
+        "N",
+        "relaunch the whole job up to N times after an instance fails (resume from a checkpoint)",
+        attribute="max_restarts",
+    ),
     _yes_no("allow_run_as_root", "let mpirun run as root"),
     _yes_no(
         "use_default_allocator",

@@ -52,12 +52,27 @@ PR_SET_PDEATHSIG = 1
 def supervise(
     config: RunConfig, topology: Topology, argv: Sequence[str], env: Mapping[str, str]
 ) -> int:
-    """Run the job, print the report :func:`~poprun.outcome.decide` gives, return the code."""
-    code, report = decide(Supervisor(config, topology, argv, env).run())
-    if report:
-        sys.stderr.write(report + "\n")
+    """Run the job, print the report :func:`~poprun.outcome.decide` gives, return the code.
+
+    With ``--max-restarts N``, a job that failed (not one ended by a signal poprun received,
+    nor by ``--timeout``) is launched again, up to N times; the program resumes from its
+    checkpoint (``popdist_torch.checkpoint.resume_checkpoint``).
+    """
+    attempt = 0
+    while True:
+        result = Supervisor(config, topology, argv, env).run()
+        code, report = decide(result)
+        if report:
+            sys.stderr.write(report + "\n")
+        if code == 0 or attempt >= config.max_restarts or result.signals or result.timed_out:
+            sys.stderr.flush()
+            return code
+        attempt += 1
+        sys.stderr.write(
+            f"poprun: the job failed with exit code {code}: restarting the job "
+            f"(restart {attempt} of {config.max_restarts})\n"
+        )
         sys.stderr.flush()
-    return code
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
