@@ -387,8 +387,12 @@ class InstanceStream:
         return pending[end + 1 :]
 
 
-def open_output_file(directory: str, instance: int, kind: str) -> BinaryIO:
-    """``DIR/instance-<i>.<stdout|stderr>``, created with the umask (never world-writable)."""
+def open_output_file(directory: str, instance: int, kind: str, *, append: bool = False) -> BinaryIO:
+    """``DIR/instance-<i>.<stdout|stderr>``, created with the umask (never world-writable).
+
+    ``append``: a restarted job (``--max-restarts``) adds to the failed attempt's output.
+    """
     path = os.path.join(directory, f"instance-{instance}.{kind}")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    keep = os.O_APPEND if append else os.O_TRUNC
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | keep | os.O_CLOEXEC, 0o644)
     return os.fdopen(fd, "wb", buffering=0)

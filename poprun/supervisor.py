@@ -60,7 +60,7 @@ def supervise(
     """
     attempt = 0
     while True:
-        result = Supervisor(config, topology, argv, env).run()
+        result = Supervisor(config, topology, argv, env, attempt=attempt).run()
         code, report = decide(result)
         if report:
             sys.stderr.write(report + "\n")
@@ -101,12 +101,16 @@ class Supervisor:
         topology: Topology,
         argv: Sequence[str],
         env: Mapping[str, str],
+        *,
+        attempt: int = 0,
     ) -> None:
         self.config = config
         self.topology = topology
         self.argv = list(argv)
         self.env = dict(env)
-        self.output = JobOutput(config, topology, on_pid=self._watch_pid, on_abort=self._aborted)
+        self.output = JobOutput(
+            config, topology, on_pid=self._watch_pid, on_abort=self._aborted, append=attempt > 0
+        )
         self.exited: list[int] = []  # local instances in the order they ended
         self._signals: list[int] = []
         self._kill_at: float | None = None
@@ -124,6 +128,7 @@ class Supervisor:
         self._segments: set[str] = set()  # Open MPI segments of instances killed by poprun
         self._mpirun_killed = False
         self._mpirun_pid: int | None = None
+        self._not_ours: set[int] = set()
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -134,6 +139,7 @@ class Supervisor:
         wake_r.setblocking(False)
         wake_w.setblocking(False)
         leftovers.become_subreaper()  # orphans of the job re-parent here, not to init
+        self._not_ours = set(leftovers.children(os.getpid()))  # a caller's own children
         previous = {sig: signal.getsignal(sig) for sig in _JOB_CONTROL}
         old_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
         for sig in _FORWARDED:
@@ -293,6 +299,7 @@ class Supervisor:
 
     def _kill_left_behind(self, keep: set[int]) -> None:
         """SIGKILL and reap, by pid, every process the job left under poprun; remember them."""
+        keep = keep | self._not_ours
         found = leftovers.left_behind(keep)
         if not found:
             return

@@ -6,6 +6,7 @@ import io
 import random
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 import pytest
@@ -216,3 +217,13 @@ def test_a_line_longer_than_the_limit_streams_with_one_prefix() -> None:
     stream.feed(b"end\nnext\n")
     stream.close()
     assert console.getvalue() == b"[1,2]<stdout>:" + piece * 20 + b"end\n[1,2]<stdout>:next\n"
+
+
+def test_a_restart_appends_to_the_output_files(tmp_path: Path) -> None:
+    for append, text in ((False, b"first attempt\n"), (True, b"second attempt\n")):
+        handle = output.open_output_file(str(tmp_path), 0, "stdout", append=append)
+        handle.write(text)
+        handle.close()
+    assert (tmp_path / "instance-0.stdout").read_bytes() == b"first attempt\nsecond attempt\n"
+    output.open_output_file(str(tmp_path), 0, "stdout").close()  # a new job starts afresh
+    assert (tmp_path / "instance-0.stdout").read_bytes() == b""
