@@ -34,6 +34,8 @@ from typing import Any, Protocol
 
 import torch
 
+from popdist_torch.errors import CheckpointError
+
 __all__ = [
     "CheckpointError",
     "load_checkpoint",
@@ -50,10 +52,6 @@ _TAG = "__popdist_torch_type__"
 _TEMP_MARK = ".tmp-"
 #: Never create checkpoint files writable by others, whatever the umask allows.
 _NEVER = 0o002
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read back."""
 
 
 class _Stateful(Protocol):
