@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,11 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             [PY, str(here / "multihost.py"), "--rounds", "7", "--allreduce-rounds", "3"],
             900,
             "multihost-benchmark",
+        ),
+        "output_throughput": (
+            [PY, str(here / "output_throughput.py"), "--rounds", "5", "--mb", "50"],
+            300,
+            "output-throughput",
         ),
         # The MLP's goals sit within this machine's launch-to-launch noise at 5 rounds:
         # only the cases they compare, with three times the rounds.
@@ -327,6 +333,15 @@ def headline() -> tuple[list[Row], list[Row]]:
     if pipe:
         r = float(pipe["ratio"])
         _goal(goals, "issue 8: pipelined ≥ 1.5× sharded", f"{r:.2f}×", r, r >= 1.5)
+
+    out = _load("output-throughput")
+    if out:
+        for shape, what in (("flood", "flood of 100-byte lines"), ("line", "single line")):
+            r, mb = float(out[shape]["ratio"]), out["mb"]
+            pop = statistics.median(out[shape]["stream_s"]["poprun"])
+            bare = statistics.median(out[shape]["stream_s"]["mpirun"])
+            _goal(goals, f"issue 18: poprun output throughput ≥ 0.8× bare mpirun, {mb} MB {what}",
+                  f"{mb / pop:.0f} vs {mb / bare:.0f} MB/s", r, r >= 0.8)  # fmt: skip
     return goals, tuning
 
 
@@ -350,6 +365,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
     ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
+    ("Output throughput: poprun against bare mpirun", "output-throughput", None),
 ]
 
 

@@ -201,6 +201,14 @@ def _fast_values(options: list[str]) -> dict[str, Any] | None:
     return values
 
 
+#: mpirun's spellings users reach for, and poprun's options that do the job.
+_MPIRUN_SPELLINGS = {
+    **dict.fromkeys(("-np", "--np", "-n", "-c"), "--num-instances (and --num-replicas)"),
+    **dict.fromkeys(("--hostfile", "-hostfile", "--machinefile", "-machinefile"), "--host-file"),
+    "-host": "-H/--host",
+}
+
+
 def normalise(args: list[str]) -> tuple[list[str], list[str]]:
     """Split ``args`` into (options in ``--name=value`` form, program and its arguments)."""
     table = spelling_table()
@@ -213,6 +221,14 @@ def normalise(args: list[str]) -> tuple[list[str], list[str]]:
             return options, args[i + 1 :]
         if not token.startswith("-") or token == "-":
             return options, args[i:]
+        mpirun_word = token.partition("=")[0]
+        if mpirun_word in _MPIRUN_SPELLINGS:
+            raise PoprunError(
+                mpirun_word,
+                None,
+                "is mpirun's option, not poprun's",
+                f"use {_MPIRUN_SPELLINGS[mpirun_word]}",
+            )
         if token.startswith("--"):
             name, eq, value = token.partition("=")
         elif len(token) > 2 and token[1] != "v":
@@ -258,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     from typer._click.exceptions import ClickException
     from typer.exceptions import Exit
 
+    if argv is None:  # the real command: closed or vanishing standard streams are no error
+        from poprun import console
+
+        console.install()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         options, program = normalise(args)

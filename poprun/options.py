@@ -127,6 +127,10 @@ def parse_choice(choices: tuple[str, ...]) -> Parser:
     return parse
 
 
+#: The longest time-out the event loop can wait for (a 32-bit count of milliseconds).
+MAX_SECONDS = 2_147_483
+
+
 def parse_seconds(option: str, value: object) -> float:
     """A positive, finite number of seconds."""
     try:
@@ -135,6 +139,13 @@ def parse_seconds(option: str, value: object) -> float:
         seconds = float("nan")
     if seconds != seconds or seconds in (float("inf"), float("-inf")):
         raise PoprunError(option, value, "is not a number of seconds", "give e.g. --timeout 600")
+    if seconds > MAX_SECONDS:
+        raise PoprunError(
+            option,
+            value,
+            f"is more than {MAX_SECONDS} seconds (24.8 days), the longest wait poprun can set",
+            f"give at most {MAX_SECONDS}, or leave {option} out for no limit",
+        )
     if seconds <= 0:
         raise PoprunError(
             option,
@@ -335,6 +346,13 @@ OPTIONS: tuple[Option, ...] = (
         "SECONDS",
         "end the job after SECONDS (exit 124)",
         attribute="timeout",
+    ),
+    Option(
+        "max_restarts",
+        parse_index,
+        "N",
+        "relaunch the whole job up to N times after an instance fails (resume from a checkpoint)",
+        attribute="max_restarts",
     ),
     _yes_no("allow_run_as_root", "let mpirun run as root"),
     _yes_no(

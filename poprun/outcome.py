@@ -55,10 +55,26 @@ class RunResult:
     escalated: bool = False
     #: Instances on other hosts (poprun sees neither their pids nor their exits).
     remote: tuple[int, ...] = ()
+    #: Processes the job left behind (an instance's children), which poprun killed.
+    left_behind: tuple[str, ...] = ()
+    #: mpirun's pid, and whether poprun itself SIGKILLed it.
+    mpirun_pid: int | None = None
+    mpirun_killed_by_poprun: bool = False
 
 
 def decide(result: RunResult) -> tuple[int, str]:
     """poprun's exit code and the report to print on stderr ("" when there is nothing to say)."""
+    code, report = _decide(result)
+    if result.left_behind:
+        note = (
+            f"poprun: killed what the instances left behind: {'; '.join(result.left_behind)} "
+            "(their children, still running after them or holding their output open)"
+        )
+        report = f"{report}\n{note}" if report else note
+    return code, report
+
+
+def _decide(result: RunResult) -> tuple[int, str]:
     if result.returncode is None:
         return EXIT_LAUNCH_FAILED, f"poprun: cannot start mpirun: {result.launch_error}"
     if result.signals:
@@ -69,7 +85,14 @@ def decide(result: RunResult) -> tuple[int, str]:
     if failure is not None and 0 <= failure.instance < len(result.instances):
         return _failed(result, failure)
     if result.returncode < 0:
-        return 128 - result.returncode, ""
+        code = 128 - result.returncode
+        if result.mpirun_killed_by_poprun:
+            return code, ""
+        pid = f" (pid {result.mpirun_pid})" if result.mpirun_pid is not None else ""
+        return code, (
+            f"poprun: mpirun{pid} was killed by {_signal_name(-result.returncode)} before "
+            f"the job ended; its instances were ended too; exit code {code}"
+        )
     if result.returncode > 0 and result.mpirun_failure is None and result.remote:
         # mpirun aborted without naming the process (it leaves the note out when an instance
         # fails before all have started), and the instances here are not it.

@@ -228,8 +228,21 @@ def test_time_out_names_the_running_instances_local_and_remote() -> None:
     ]
 
 
-def test_mpirun_killed_by_a_signal_without_a_failure() -> None:
-    assert decide(RunResult(_instances(), returncode=-9)) == (137, "")
+def test_mpirun_killed_by_a_signal_without_a_failure_is_said() -> None:
+    code, report = decide(RunResult(_instances(), returncode=-9, mpirun_pid=4321))
+    assert code == 137
+    assert report == (
+        "poprun: mpirun (pid 4321) was killed by SIGKILL before the job ended; its instances "
+        "were ended too; exit code 137"
+    )
+    # poprun killed it itself (the escalation): that is reported where it happened
+    assert decide(RunResult(_instances(), returncode=-9, mpirun_killed_by_poprun=True)) == (137, "")
+
+
+def test_what_the_instances_left_behind_is_reported_even_on_success() -> None:
+    code, report = decide(RunResult(_instances(), returncode=0, left_behind=("77 (sleep)",)))
+    assert code == 0
+    assert report.startswith("poprun: killed what the instances left behind: 77 (sleep)")
 
 
 def test_plain_nonzero_mpirun_exit_passes_through() -> None:
