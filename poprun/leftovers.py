@@ -21,6 +21,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -138,7 +139,7 @@ def segments_of(pid: int) -> set[str]:
     return found
 
 
-def remove_session_files(mpirun_pid: int, env: dict[str, str], segments: set[str]) -> list[str]:
+def remove_session_files(mpirun_pid: int, env: Mapping[str, str], segments: set[str]) -> list[str]:
     """Remove a SIGKILLed mpirun's session directory and its instances' segments.
 
     Only paths named by that pid (or read from the instances' maps) and owned by this user.

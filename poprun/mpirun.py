@@ -70,6 +70,27 @@ def find_mpirun(environ: Mapping[str, str]) -> str:
     return path
 
 
+def _poprun_mca(
+    config: RunConfig, topology: Topology, chosen: frozenset[str], local_cpus: int
+) -> list[str]:
+    """poprun's own ``--mca`` settings, less those the user chose (``chosen`` or local args)."""
+    for plan in topology.instances:
+        chosen |= _mca_names(config.local_args(plan.index))
+    wanted = [] if topology.explicit_hosts else list(SINGLE_HOST_MCA)
+    # Remote hosts are assumed to have as many cores as this one (as for NUMA nodes).
+    per_host = max(plan.num_local_instances for plan in topology.instances)
+    if 2 * per_host > local_cpus:
+        wanted.append(YIELD_MCA)
+    out = []
+    for name, value in wanted:
+        if name not in chosen:
+            out += ["--mca", name, value]
+    if config.host_subnet:
+        out += ["--mca", "btl_tcp_if_include", config.host_subnet]
+        out += ["--mca", "oob_tcp_if_include", config.host_subnet]
+    return out
+
+
 def build_argv(
     config: RunConfig,
     topology: Topology,
@@ -79,7 +100,6 @@ def build_argv(
     is_root: bool,
     local_cpus: int,
     numactl: str | None = None,
-    local_hosts: frozenset[str] = frozenset({"localhost"}),
     user_mca: frozenset[str] = frozenset(),
 ) -> list[str]:
     """The exact mpirun argv for this run (golden-tested).
@@ -95,20 +115,7 @@ def build_argv(
         argv.append("--allow-run-as-root")
     if not topology.explicit_hosts and config.num_instances > local_cpus:
         argv.append("--oversubscribe")  # -H host:k contexts carry their own slot counts
-    chosen = user_mca | _mca_names(user_global)
-    for plan in topology.instances:
-        chosen |= _mca_names(config.local_args(plan.index))
-    wanted = [] if topology.explicit_hosts else list(SINGLE_HOST_MCA)
-    # Remote hosts are assumed to have as many cores as this one (as for NUMA nodes).
-    per_host = max(plan.num_local_instances for plan in topology.instances)
-    if 2 * per_host > local_cpus:
-        wanted.append(YIELD_MCA)
-    for name, value in wanted:
-        if name not in chosen:
-            argv += ["--mca", name, value]
-    if config.host_subnet:
-        argv += ["--mca", "btl_tcp_if_include", config.host_subnet]
-        argv += ["--mca", "oob_tcp_if_include", config.host_subnet]
+    argv += _poprun_mca(config, topology, user_mca | _mca_names(user_global), local_cpus)
     argv += user_global
     # Open MPI 4.1 applies a -x placed before the first app context to that context only:
     # the names go into every context, or instances on other hosts miss them.

@@ -95,6 +95,30 @@ class TagDemux:
         self._drain(final=True)
         self._buf = b""
 
+    def _line_start(
+        self, buf: bytes, pos: int, final: bool, hand_on: Callable[[], None]
+    ) -> int | None:
+        """At the start of a line: open a tagged segment, or hand on one untagged line.
+
+        Returns the position after what was consumed, or None to wait for more bytes.
+        """
+        match = _TAG.match(buf, pos)
+        if match:
+            kind = "stderr" if match.group(3) != b"stdout" else "stdout"
+            self._current = (int(match.group(2)), kind)
+            self._tag = match.group(0)
+            return match.end()
+        if not final and _TAG_PREFIX.fullmatch(buf, pos):
+            return None
+        end = buf.find(b"\n", pos)
+        if end < 0:
+            if not final:
+                return None
+            end = len(buf) - 1
+        hand_on()
+        self.on_untagged(buf[pos : end + 1])
+        return end + 1
+
     def _drain(self, *, final: bool) -> None:
         # One pass with a position (slicing the rest off after every line would copy the
         # buffer once per line), and consecutive segments of one stream handed on together:
@@ -113,23 +137,10 @@ class TagDemux:
 
         while pos < size:
             if self._current is None:
-                match = _TAG.match(buf, pos)
-                if match:
-                    kind = "stderr" if match.group(3) != b"stdout" else "stdout"
-                    self._current = (int(match.group(2)), kind)
-                    self._tag = match.group(0)
-                    pos = match.end()
-                    continue
-                if not final and _TAG_PREFIX.fullmatch(buf, pos):
-                    break  # maybe the start of a tag: wait for more
-                end = buf.find(b"\n", pos)
-                if end < 0:
-                    if not final:
-                        break
-                    end = size - 1
-                hand_on()
-                self.on_untagged(buf[pos : end + 1])
-                pos = end + 1
+                after = self._line_start(buf, pos, final, hand_on)
+                if after is None:
+                    break  # maybe the start of a tag, or a line not ended yet: wait for more
+                pos = after
                 continue
             if self._current != run_key:
                 hand_on()

@@ -113,7 +113,7 @@ def test_a_closed_standard_stream_at_start_is_not_an_error(closed: str, tmp_path
 
 
 def test_ctrl_z_suspends_the_instances_and_fg_resumes_them(tmp_path: Path) -> None:
-    script = "echo pid $$; i=0; while [ $i -lt 80 ]; do i=$((i+1)); sleep 0.05; done; echo done"
+    script = "echo pid $$; i=0; while [ $i -lt 200 ]; do i=$((i+1)); sleep 0.05; done; echo done"
     proc = start(*TWO, "sh", "-c", script)
     assert proc.stdout is not None and proc.stderr is not None
     pids = []

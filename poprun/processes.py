@@ -1,0 +1,163 @@
+"""The job's processes on this host: its instances by pid and process group, and what they
+leave behind.
+
+:class:`~poprun.supervisor.Supervisor` decides *when* to signal, stop or kill; this module
+knows *whom*: the local instances (by pid, from mpirun's pid lines), their process groups,
+mpirun's other children, the Open MPI shared-memory files of instances poprun kills, and the
+orphans that re-parent to poprun (a child subreaper). Everything is addressed by id, never by
+name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Mapping
+
+from poprun import leftovers, log
+from poprun.hosts import is_local
+from poprun.topology import Topology
+
+#: Once every instance has exited while mpirun has not: how long mpirun gets to end before
+#: poprun kills what the instances left behind (a child holding their output open keeps
+#: mpirun waiting for ever).
+ORPHAN_GRACE_S = 2.0
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, or a process gone, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+class JobProcesses:
+    """The local processes of one run of mpirun, and what was done to them."""
+
+    def __init__(self, topology: Topology, pids: Mapping[int, int]) -> None:
+        self.topology = topology
+        self.pids = pids  # instance -> pid, filled as mpirun's pid lines arrive
+        self.exited: list[int] = []  # local instances in the order they ended
+        self.mpirun_pid: int | None = None
+        self.left_behind: list[str] = []
+        self.segments: set[str] = set()  # Open MPI segments of instances killed by poprun
+        self.orphans_at: float | None = None
+        self._pgids: dict[int, int] = {}  # instance -> its own process group (local ones)
+        self._not_ours: set[int] = set()
+
+    def start(self) -> None:
+        """Before mpirun starts: orphans of the job re-parent to poprun, not to init."""
+        leftovers.become_subreaper()
+        self._not_ours = set(leftovers.children(os.getpid()))  # a caller's own children
+
+    def adopt(self, instance: int, pid: int) -> None:
+        """Remember a local instance's process group (Open MPI gives each its own)."""
+        with contextlib.suppress(OSError):
+            pgid = os.getpgid(pid)
+            if pgid == pid:
+                self._pgids[instance] = pgid
+
+    def local_pids(self) -> list[int]:
+        """Pids of the live local instances that have not exited."""
+        out = []
+        for plan in self.topology.instances:
+            pid = self.pids.get(plan.index)
+            if pid is not None and plan.index not in self.exited and is_local(plan.host):
+                out.append(pid)
+        return out
+
+    def running(self) -> list[int]:
+        """Instances not known to have ended (remote ones and those without a pid count)."""
+        running = []
+        for plan in self.topology.instances:
+            pid = self.pids.get(plan.index)
+            if plan.index in self.exited:
+                continue
+            if pid is None or not is_local(plan.host) or alive(pid):
+                running.append(plan.index)
+        return running
+
+    def signal_instances(self, signum: int) -> None:
+        """Signal, by pid, every live instance on this host (mpirun then ends the job)."""
+        for pid in self.local_pids():
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+
+    def signal_groups(self, signum: int) -> None:
+        """Signal each live local instance's process group (it and its children), by id.
+
+        The groups are those of the instances whose pid poprun knows and of mpirun's other
+        children (an instance whose pid line has not arrived yet is one of them).
+        """
+        groups = {self._pgids[i] for i in self._pgids if i not in self.exited}
+        own = {os.getpgid(0)}
+        if self.mpirun_pid is not None:
+            own.add(self.mpirun_pid)  # mpirun leads its own session and group
+            for child in leftovers.children(self.mpirun_pid):
+                with contextlib.suppress(OSError):
+                    groups.add(os.getpgid(child))
+        for pgid in groups - own:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signum)
+
+    def remember_segments(self) -> None:
+        """Before killing: the shared-memory files the live local instances have mapped."""
+        for plan in self.topology.instances:
+            pid = self.pids.get(plan.index)
+            if pid is not None and is_local(plan.host):
+                self.segments |= leftovers.segments_of(pid)
+
+    def kill_left_behind(self, keep: set[int]) -> None:
+        """SIGKILL and reap, by pid, every process the job left under poprun; remember them."""
+        keep = keep | self._not_ours
+        found = leftovers.left_behind(keep)
+        if not found:
+            return
+        described = leftovers.describe(found)
+        killed = leftovers.kill_and_reap(keep)
+        log.info(f"killed what the job left behind: {described}")
+        if killed:
+            self.left_behind.append(described)
+
+    def watch_for_orphans(self) -> None:
+        """All instances (all local) exited but mpirun runs on: a child holds their output."""
+        local = [p for p in self.topology.instances if is_local(p.host)]
+        if len(local) != len(self.topology.instances) or len(self.exited) < len(local):
+            return
+        now = time.monotonic()
+        if self.orphans_at is None:
+            self.orphans_at = now + ORPHAN_GRACE_S
+        elif now >= self.orphans_at:
+            self.orphans_at = None
+            log.info("every instance has exited but mpirun has not: ending what they left")
+            self.kill_left_behind(keep=set() if self.mpirun_pid is None else {self.mpirun_pid})
+
+    def job_control(self, signum: int) -> float:
+        """Ctrl-Z: stop the instances, then poprun itself; on SIGCONT, continue them.
+
+        Returns how long poprun was stopped (the time-out does not count it).
+        """
+        if signum != signal.SIGTSTP:
+            self.signal_groups(signal.SIGCONT)
+            return 0.0
+        log.info("received SIGTSTP: stopping the instances and poprun")
+        self.signal_groups(signal.SIGSTOP)
+        began = time.monotonic()
+        os.kill(os.getpid(), signal.SIGSTOP)  # a shell sees poprun stopped; fg continues it
+        stopped_for = time.monotonic() - began
+        log.info("continued: continuing the instances")
+        self.signal_groups(signal.SIGCONT)
+        return stopped_for
+
+    def remove_session_files(self, env: Mapping[str, str]) -> None:
+        """After poprun killed mpirun: the session dir and segments it could not remove."""
+        if self.mpirun_pid is None:
+            return
+        for path in leftovers.remove_session_files(self.mpirun_pid, env, self.segments):
+            log.info(f"removed {path}, left by the killed mpirun")
