@@ -16,11 +16,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.fx
 from torch import nn
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from popdist_lightning.errors import IPUStrategyError
 
-__all__ = ["LoggedCall", "StepModule"]
+__all__ = ["LoggedCall", "StepModule", "flat_step_module"]
 
 #: Marker output of a step that returned nothing and logged nothing (outputs cannot be empty).
 _NOTHING = "nothing"
@@ -46,6 +48,10 @@ class _Recorder:
                 f"self.log({name!r}, <dict>) inside a step: log each value under its own name "
                 f"(self.log_dict does this)"
             )
+        if isinstance(value, torch.fx.Proxy):  # traced to split a pipelined module
+            self.calls.append((name, kwargs))
+            self.values.append(value)  # type: ignore[arg-type]
+            return
         if isinstance(value, torch.Tensor):
             tensor = value.detach()
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -120,8 +126,8 @@ class StepModule(nn.Module):
 
 def _training_loss(result: Any) -> torch.Tensor:
     """The loss of a ``training_step`` result (a tensor, or a dict with "loss")."""
-    if isinstance(result, torch.Tensor):
-        return result
+    if isinstance(result, (torch.Tensor, torch.fx.Proxy)):
+        return result  # type: ignore[return-value]
     if isinstance(result, Mapping) and isinstance(result.get("loss"), torch.Tensor):
         return result["loss"]
     if result is None:
@@ -133,3 +139,41 @@ def _training_loss(result: Any) -> torch.Tensor:
         f"training_step returned {type(result).__name__}: return the loss tensor, or a dict "
         f"with a 'loss' tensor"
     )
+
+
+class _FlatStepModule(StepModule):
+    """A step module whose ``forward`` takes the batch's tensors one by one, then ``batch_idx``.
+
+    The stage tracer of a pipelined model follows ``forward`` with one placeholder per
+    named parameter, so the batch (a tuple, list or dict of tensors) is flattened into
+    tensors for the call and rebuilt here; ``batch_idx`` arrives as a 0-dim tensor.
+    """
+
+    def __init__(self, module: nn.Module, step: str, spec: TreeSpec) -> None:
+        super().__init__(module, step)
+        self.spec = spec
+
+    def _run_flat(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+        *leaves, batch_idx = tensors
+        batch = tree_unflatten(list(leaves), self.spec)
+        return StepModule.forward(self, batch, batch_idx)
+
+
+def flat_step_module(module: nn.Module, step: str, batch: Any) -> tuple[StepModule, int]:
+    """A :class:`_FlatStepModule` for batches shaped like ``batch``; also its tensor count."""
+    leaves, spec = tree_flatten(batch)
+    if not leaves or not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        raise IPUStrategyError(
+            "a pipelined LightningModule (BeginBlock/Block) needs batches made of tensors only "
+            f"(a tensor, or a tuple/list/dict of tensors); got leaves "
+            f"{sorted({type(leaf).__name__ for leaf in leaves})}"
+        )
+    names = [f"t{i}" for i in range(len(leaves))] + ["batch_idx"]
+    source = (
+        f"def forward(self, {', '.join(names)}):\n"
+        f"    return self._run_flat(({', '.join(names)},))\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)  # one named parameter per input: what the stage tracer needs
+    cls = type("PipelinedStep", (_FlatStepModule,), {"forward": namespace["forward"]})
+    return cls(module, step, spec), len(leaves)

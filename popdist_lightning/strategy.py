@@ -35,13 +35,15 @@ from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import Tensor
+from popdist_torch.pipeline import ShardedExecution, has_block_annotations
 from torch.utils import data as tud
+from torch.utils._pytree import tree_flatten
 
 from popdist_lightning._loaders import to_poptorch_loader
-from popdist_lightning._step import StepModule
+from popdist_lightning._step import StepModule, flat_step_module
 from popdist_lightning.environment import PopdistEnvironment
 from popdist_lightning.errors import IPUStrategyError
 from popdist_lightning.precision import IPUPrecision
@@ -115,6 +117,7 @@ class IPUStrategy(ParallelStrategy):
         self._inference_opts: poptorch.Options | None = None
         self._executors: dict[str, poptorch.PoplarExecutor] = {}
         self._steps: dict[str, StepModule] = {}
+        self._pipelined = False
 
     # -- Lightning's view of the run ------------------------------------------------------
     @property
@@ -196,6 +199,8 @@ class IPUStrategy(ParallelStrategy):
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
             self._check_optimizers()
+        module = trainer.lightning_module
+        self._pipelined = module is not None and has_block_annotations(module)
         self._training_opts = self._options(self._user_training_opts, "training_opts", True)
         self._inference_opts = self._options(self._user_inference_opts, "inference_opts", False)
         self._release_executors()
@@ -259,6 +264,19 @@ class IPUStrategy(ParallelStrategy):
                 )
             if acc != 1:
                 opts.Training.gradientAccumulation(acc)
+            if (
+                self._pipelined
+                and opts.execution_strategy is None
+                and opts.Training.gradient_accumulation == 1
+            ):
+                # One micro-batch per weight update cannot fill a pipeline: run the stages
+                # one after the other (same numbers); accumulation >= stages pipelines.
+                rank_zero_info(
+                    "IPUStrategy: the module's blocks run as ShardedExecution (gradient "
+                    "accumulation 1 cannot fill a pipeline); set accumulate_grad_batches >= "
+                    "the number of stages to pipeline them"
+                )
+                opts.setExecutionStrategy(ShardedExecution())
         dist = opts.Distributed
         if (dist.processId, dist.numProcesses) != (self.global_rank, self.world_size):
             dist.configureProcessId(self.global_rank, self.world_size)
@@ -317,12 +335,17 @@ class IPUStrategy(ParallelStrategy):
         """Nothing to move: the executor runs the module where it is."""
 
     # -- steps ---------------------------------------------------------------------------
-    def _executor(self, step: str) -> tuple[poptorch.PoplarExecutor, StepModule]:
+    def _executor(
+        self, step: str, args: tuple[Any, ...]
+    ) -> tuple[poptorch.PoplarExecutor, StepModule]:
         executor = self._executors.get(step)
         if executor is None:
             module = self.lightning_module
             assert module is not None
-            wrapper = StepModule(module, step)
+            if self._pipelined:
+                wrapper, _ = flat_step_module(module, step, args[0])
+            else:
+                wrapper = StepModule(module, step)
             if step == "training_step":
                 executor = poptorch.trainingModel(
                     wrapper, self._training_opts, optimizer=self.optimizers[0]
@@ -334,8 +357,16 @@ class IPUStrategy(ParallelStrategy):
         return executor, self._steps[step]
 
     def _run(self, step: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        executor, wrapper = self._executor(step)
-        outputs = executor(*args, **kwargs)
+        executor, wrapper = self._executor(step, args)
+        if self._pipelined:
+            if len(args) != 2 or kwargs:
+                raise IPUStrategyError(
+                    f"a pipelined LightningModule's {step} takes (batch, batch_idx) under "
+                    f"IPUStrategy (one dataloader)"
+                )
+            outputs = executor(*tree_flatten(args[0])[0], torch.tensor(args[1]))
+        else:
+            outputs = executor(*args, **kwargs)
         values, result = wrapper.split(outputs)
         module = self.lightning_module
         assert module is not None
