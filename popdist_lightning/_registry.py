@@ -22,6 +22,7 @@ _MARK = "_popdist_lightning_default"
 def register() -> None:
     """Register the accelerator and strategy; wrap the default-strategy choice once."""
     from popdist_lightning.accelerator import IPUAccelerator
+    from popdist_lightning.environment import PopdistEnvironment
     from popdist_lightning.strategy import IPUStrategy
 
     IPUAccelerator.register_accelerators(AcceleratorRegistry)
@@ -29,11 +30,24 @@ def register() -> None:
     original = _AcceleratorConnector._choose_strategy
     if getattr(original, _MARK, False):
         return
+    original_environment = _AcceleratorConnector._choose_and_init_cluster_environment
 
     def _choose_strategy(self: Any) -> Any:
         if isinstance(getattr(self, "accelerator", None), IPUAccelerator):
             return IPUStrategy.strategy_name
         return original(self)
 
+    def _choose_and_init_cluster_environment(self: Any) -> Any:
+        # Lightning's MPI detection initialises MPI through mpi4py (a singleton orted
+        # outside a launcher); with "ipu" the ranks come from popdist instead.
+        if self._cluster_environment_flag is None and isinstance(
+            getattr(self, "accelerator", None), IPUAccelerator
+        ):
+            return PopdistEnvironment()
+        return original_environment(self)
+
     setattr(_choose_strategy, _MARK, True)
     _AcceleratorConnector._choose_strategy = _choose_strategy  # type: ignore[method-assign]
+    _AcceleratorConnector._choose_and_init_cluster_environment = (  # type: ignore[method-assign]
+        _choose_and_init_cluster_environment
+    )
