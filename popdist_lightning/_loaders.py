@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import popdist_torch as poptorch
 from torch.utils import data as tud
 
+import popdist_torch as poptorch
 from popdist_lightning.errors import IPUStrategyError
 
 __all__ = ["to_poptorch_loader"]
@@ -28,7 +28,9 @@ def _unwrap(batch_sampler: Any) -> Any:
     return inner if inner is not None else batch_sampler
 
 
-def to_poptorch_loader(loader: tud.DataLoader[Any], options: poptorch.Options) -> poptorch.DataLoader:
+def to_poptorch_loader(
+    loader: tud.DataLoader[Any], options: poptorch.Options
+) -> poptorch.DataLoader:
     """Rebuild ``loader`` for the executor run with ``options`` (frozen by the loader)."""
     kwargs: dict[str, Any] = {name: getattr(loader, name) for name in _PASSED}
     if loader.num_workers > 0:

@@ -64,8 +64,7 @@ class _Recorder:
             )
         if tensor.numel() != 1:
             raise IPUStrategyError(
-                f"self.log({name!r}, ...) got a tensor of shape {tuple(tensor.shape)}: log a "
-                f"scalar"
+                f"self.log({name!r}, ...) got a tensor of shape {tuple(tensor.shape)}: log a scalar"
             )
         self.calls.append((name, kwargs))
         self.values.append(tensor.reshape(()).to(torch.float32))
@@ -109,7 +108,7 @@ class StepModule(nn.Module):
             return (*values, _training_loss(result))
         self.returns_result = result is not None
         if result is None:
-            return (*values, torch.zeros(())) if not values else values
+            return values if values else (torch.zeros(()),)
         return (*values, result)
 
     def split(self, outputs: Any) -> tuple[list[torch.Tensor], Any]:

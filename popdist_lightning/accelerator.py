@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import popdist
 import torch
 from lightning.pytorch.accelerators import Accelerator
 
+import popdist
 from popdist_lightning.errors import IPUStrategyError
 
 __all__ = ["IPUAccelerator", "parse_devices"]

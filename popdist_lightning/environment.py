@@ -8,8 +8,9 @@ instance's index on its host. Outside a launcher it is one instance of rank 0.
 
 from __future__ import annotations
 
-import popdist
 from lightning.fabric.plugins.environments import ClusterEnvironment
+
+import popdist
 
 __all__ = ["PopdistEnvironment"]
 

@@ -22,7 +22,7 @@ class IPUPrecision(Precision):
 
     precision = "32-true"
 
-    def backward(  # type: ignore[override]
+    def backward(
         self, tensor: Tensor, model: Any, optimizer: Any, *args: Any, **kwargs: Any
     ) -> None:
         """No-op: the executor already ran backward for this step."""

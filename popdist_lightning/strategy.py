@@ -26,8 +26,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import popdist
-import popdist_torch as poptorch
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.utilities.types import ReduceOp
@@ -38,15 +36,17 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import Tensor
-from popdist_torch.pipeline import ShardedExecution, has_block_annotations
 from torch.utils import data as tud
 from torch.utils._pytree import tree_flatten
 
+import popdist
+import popdist_torch as poptorch
 from popdist_lightning._loaders import to_poptorch_loader
 from popdist_lightning._step import StepModule, flat_step_module
 from popdist_lightning.environment import PopdistEnvironment
 from popdist_lightning.errors import IPUStrategyError
 from popdist_lightning.precision import IPUPrecision
+from popdist_torch.pipeline import ShardedExecution, has_block_annotations
 
 __all__ = ["IPUStrategy"]
 
@@ -173,7 +173,8 @@ class IPUStrategy(ParallelStrategy):
                 f"{popdist.getNumTotalReplicas()} over {popdist.getNumInstances()} instances): "
                 f"pass devices={popdist.getNumLocalReplicas()} or devices='auto'"
             )
-        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
+        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+        utils_rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
         if self.world_size > 1:
             popdist.init()
         super().setup_environment()
@@ -182,12 +183,15 @@ class IPUStrategy(ParallelStrategy):
         from popdist_lightning.accelerator import IPUAccelerator
 
         accelerator = self.accelerator
-        if accelerator is not None and not isinstance(accelerator, IPUAccelerator):
-            if type(accelerator).__name__ != "CPUAccelerator":
-                raise IPUStrategyError(
-                    f"IPUStrategy with accelerator {type(accelerator).__name__}: use "
-                    f"Trainer(accelerator='ipu')"
-                )
+        if (
+            accelerator is not None
+            and not isinstance(accelerator, IPUAccelerator)
+            and type(accelerator).__name__ != "CPUAccelerator"
+        ):
+            raise IPUStrategyError(
+                f"IPUStrategy with accelerator {type(accelerator).__name__}: use "
+                f"Trainer(accelerator='ipu')"
+            )
 
     def setup(self, trainer: Any) -> None:
         """Check the Trainer's settings, capture accumulation, build the options."""
@@ -300,7 +304,11 @@ class IPUStrategy(ParallelStrategy):
 
     def _check_loader(self, loader: poptorch.DataLoader, opts: poptorch.Options) -> None:
         theirs = loader.options
-        mine = (opts.device_iterations, opts.replication_factor, opts.Training.gradient_accumulation)
+        mine = (
+            opts.device_iterations,
+            opts.replication_factor,
+            opts.Training.gradient_accumulation,
+        )
         got = (
             theirs.device_iterations,
             theirs.replication_factor,
@@ -327,7 +335,9 @@ class IPUStrategy(ParallelStrategy):
             )
         opts.randomSeed(int(seed))
 
-    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+    def batch_to_device(
+        self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0
+    ) -> Any:
         """The batch stays on the host: the executor splits it over the replicas."""
         return batch
 
@@ -411,7 +421,13 @@ class IPUStrategy(ParallelStrategy):
         hvd = self._hvd()
         op_name = getattr(reduce_op, "name", reduce_op)
         op_name = str(op_name or "mean").lower()
-        ops = {"mean": hvd.Average, "avg": hvd.Average, "sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
+        ops = {
+            "mean": hvd.Average,
+            "avg": hvd.Average,
+            "sum": hvd.Sum,
+            "max": hvd.Max,
+            "min": hvd.Min,
+        }
         if op_name not in ops:
             raise IPUStrategyError(
                 f"reduce_op={reduce_op!r} is not supported by IPUStrategy: use one of {sorted(ops)}"
@@ -429,7 +445,9 @@ class IPUStrategy(ParallelStrategy):
             return obj
         return self._hvd().broadcast_object(obj, root_rank=src)
 
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+    def all_gather(
+        self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False
+    ) -> Tensor:
         """Every instance's ``tensor``, stacked along a new leading dimension."""
         if self.world_size == 1:
             return tensor.unsqueeze(0)

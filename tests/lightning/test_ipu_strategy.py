@@ -17,7 +17,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import popdist_torch as poptorch
 from popdist_lightning import IPUPrecision, IPUStrategy, IPUStrategyError
-from tests.lightning.cases import QUIET, SAMPLES, Classifier, cpu_reference, max_difference, plain_environment
+from tests.lightning.cases import (
+    QUIET,
+    SAMPLES,
+    Classifier,
+    cpu_reference,
+    max_difference,
+    plain_environment,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 MICRO = 2
