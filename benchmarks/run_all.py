@@ -73,6 +73,11 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             "training-throughput",
         ),
         "pipeline": ([PY, str(here / "pipeline.py"), "--rounds", "5"], 120, "pipeline-benchmark"),
+        "lightning": (
+            [PY, str(here / "lightning_strategy.py"), "--rounds", "5"],
+            1200,
+            "lightning-benchmark",
+        ),
         # The MLP's goals sit within this machine's launch-to-launch noise at 5 rounds:
         # only the cases they compare, with three times the rounds.
         "training_goals": (
@@ -294,6 +299,17 @@ def headline() -> tuple[list[Row], list[Row]]:
     if pipe:
         r = float(pipe["ratio"])
         _goal(goals, "issue 8: pipelined ≥ 1.5× sharded", f"{r:.2f}×", r, r >= 1.5)
+
+    lit = _load("lightning-benchmark")
+    if lit:
+        r = float(lit["ratio"]["ipu_2_vs_ddp_2"])
+        strict = float(lit["ratio"]["ipu_2_vs_ddp_2_one_thread"])
+        _goal(goals, "issue 17: IPUStrategy 2 instances ≥ 1.2× Lightning DDP (gloo) 2 processes",
+              f"median of per-round ratios ({lit['rounds']} rounds); against DDP with 1 thread "
+              f"per process: {strict:.2f}", r, r >= 1.2)  # fmt: skip
+        r = float(lit["ratio"]["lightning_step_vs_raw_step"])
+        _goal(goals, "issue 17: IPUStrategy step ≤ 1.5× a raw popdist_torch call",
+              f"median of per-round ratios ({lit['rounds']} rounds)", r, r <= 1.5)  # fmt: skip
     return goals, tuning
 
 
@@ -316,6 +332,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Training throughput", "training-throughput", "training-throughput.png"),
     ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
+    ("Lightning: IPUStrategy against DDP and a raw loop", "lightning-benchmark", None),
 ]
 
 
