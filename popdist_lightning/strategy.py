@@ -249,7 +249,14 @@ class IPUStrategy(ParallelStrategy):
                     f"Trainer(devices={replicas}): set devices={opts.replication_factor} or drop "
                     f"the replicationFactor call (devices sets it)"
                 )
-            opts.replicationFactor(replicas)
+            try:
+                opts.replicationFactor(replicas)
+            except RuntimeError:  # popdist.poptorch.Options: the launch fixes it
+                raise IPUStrategyError(
+                    f"{name} is a popdist.poptorch.Options with {opts.replication_factor} local "
+                    f"replica(s) (the launch's) but Trainer(devices={replicas}): pass "
+                    f"devices={opts.replication_factor} or devices='auto'"
+                ) from None
         di = self.device_iterations
         if di is not None and opts.device_iterations != di:
             if opts.device_iterations != 1:

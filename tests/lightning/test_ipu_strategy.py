@@ -174,6 +174,17 @@ def test_conflicting_settings_are_errors_that_name_both() -> None:
     assert "gradientAccumulation(3)" in message and "accumulate_grad_batches=2" in message
 
 
+def test_popdist_options_outside_poprun_hold_one_replica() -> None:
+    import popdist.poptorch
+
+    model = Classifier(MICRO)
+    opts = popdist.poptorch.Options()
+    ipu_trainer(1, IPUStrategy(training_opts=opts), max_epochs=1).fit(model)
+    assert max_difference(model, cpu_reference(1, MICRO, 1, epochs=1)) < 1e-6
+    message = _fails(IPUStrategy(training_opts=popdist.poptorch.Options()), devices=2)
+    assert "popdist.poptorch.Options" in message and "devices=1" in message
+
+
 def test_unsupported_options_are_named() -> None:
     assert "gradient_clip_val" in _fails(IPUStrategy(), gradient_clip_val=1.0)
     with pytest.raises(IPUStrategyError, match="autoreport"):
