@@ -74,6 +74,8 @@ def test_two_instances_of_two_replicas_train_like_the_cpu_trainer(
     )
     assert len((tmp_path / "saves.0").read_text().split()) == 2
     assert not (tmp_path / "saves.1").exists()
+    # rank-zero-only code ran once, on instance 0
+    assert [p.name for p in tmp_path.glob("rank_zero_only.*")] == ["rank_zero_only.0"]
 
 
 def test_resume_under_poprun_ends_where_the_uninterrupted_run_ends(tmp_path: Path) -> None:

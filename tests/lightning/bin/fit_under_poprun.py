@@ -16,6 +16,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
 
 import popdist
 from popdist_lightning import IPUStrategy
@@ -69,6 +70,12 @@ def main() -> None:
         **QUIET,
     )
     trainer.fit(model, ckpt_path=args.resume)
+
+    @rank_zero_only
+    def once() -> None:
+        (out / f"rank_zero_only.{rank}").write_text("ran\n")
+
+    once()
     fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     tested = trainer.test(model, verbose=False)[0]
     predictions = trainer.predict(model)
