@@ -28,6 +28,7 @@ from popdist_torch._blocks import (
     _trace_state,
     begin_block_of,
 )
+from popdist_torch.enums import AutoStage
 
 _ALL = "__model__"
 
@@ -183,11 +184,22 @@ def _resolve_stages(
         return [StageSpec(0, 0, (_ALL,))]
     stages: list[Stage]
     if strategy is None or not strategy.stages:
-        stages = []
-        for name in order:
-            stage = Stage(name)
-            ipu = ipu_of.get(name)
-            stages.append(stage.ipu(ipu) if ipu is not None else stage)
+        auto = strategy.auto_stage if strategy is not None else AutoStage.SameAsIpu
+        block_ipus = [ipu_of.get(name) for name in order]
+        if auto == AutoStage.SameAsIpu and all(i is not None for i in block_ipus):
+            # PopTorch's default: the stage id is the ipu id, so the blocks of one device
+            # form one stage, and stages run in device order.
+            stages = [
+                Stage(*[n for n, i in zip(order, block_ipus, strict=True) if i == ipu]).ipu(ipu)
+                for ipu in sorted({i for i in block_ipus if i is not None})
+            ]
+        else:
+            # AutoIncrement (or blocks without an ipu_id): one stage per block.
+            stages = []
+            for name in order:
+                stage = Stage(name)
+                ipu = ipu_of.get(name)
+                stages.append(stage.ipu(ipu) if ipu is not None else stage)
     else:
         stages = list(strategy.stages)
     known = set(order)
@@ -217,7 +229,8 @@ def _resolve_stages(
         if ipu is None:
             ids = {ipu_of.get(b) for b in stage.blocks}
             only = ids.pop() if len(ids) == 1 else None
-            ipu = only if only is not None else index
+            default = strategy.default_ipu(index) if strategy is not None else index
+            ipu = only if only is not None else default
         specs.append(StageSpec(index, ipu, stage.blocks))
     return specs
 
@@ -244,7 +257,8 @@ def _check_forward_flow(gm: fx.GraphModule, stage_of_block: dict[str, int]) -> N
                 raise PipelineError(
                     f"block {arg.meta['popdist_block']!r} (stage {there}) feeds block "
                     f"{node.meta['popdist_block']!r} (stage {here}): activations would go "
-                    "backwards; list the stages in forward order"
+                    "backwards; list the stages in forward order (blocks that return to an "
+                    "earlier ipu_id: PipelinedExecution(AutoStage.AutoIncrement))"
                 )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ from torch.func import vmap
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from popdist_torch.enums import OutputMode, ReductionType
-from popdist_torch.options import Options
+from popdist_torch.options import Options, UnsupportedOptionError
 from popdist_torch.outputs import OutputCollector
 
 __all__ = [
@@ -238,6 +239,7 @@ class PoplarExecutor:
         self._destroyed = False
         self._fused: bool | None = None  # vmap over replicas: unknown until the first call
         self._runner: Any = None
+        self._watch_blocks = False
         self._optimizer: torch.optim.Optimizer | None = None
         self._reducer: Any = None
         self._hvd: Any = None
@@ -265,11 +267,18 @@ class PoplarExecutor:
 
     # -- model-parallel strategies ------------------------------------------------------
     def _setup_strategy(self) -> None:
-        from popdist_torch.pipeline import StageRunner, check_accumulation, has_block_annotations
+        from popdist_torch.pipeline import has_block_annotations
 
         strategy = self._options.execution_strategy
         if strategy is None and not has_block_annotations(self._user_model):
+            # ``Block`` contexts show only when forward runs: the first call watches for them.
+            self._watch_blocks = True
             return
+        self._start_runner(strategy)
+
+    def _start_runner(self, strategy: Any) -> None:
+        from popdist_torch.pipeline import StageRunner, check_accumulation
+
         if self._training:
             check_accumulation(strategy, self._options.Training.gradient_accumulation)
         # Under poprun: --ipus-per-replica; otherwise (None) as many devices as the stages
@@ -339,6 +348,85 @@ class PoplarExecutor:
         self._destroyed = True
         self._attached = False
 
+    @property
+    def rng_state(self) -> list[int]:
+        """Torch's host random generator state (the device's, as PopTorch's is)."""
+        return [int(b) for b in torch.random.get_rng_state().tolist()]
+
+    @rng_state.setter
+    def rng_state(self, state: list[int]) -> None:
+        torch.random.set_rng_state(torch.tensor(state, dtype=torch.uint8))
+
+    def copyWeightsToHostIfNeeded(self) -> bool:
+        """``False``: the host copy (the user's module) is never stale."""
+        self._check_alive()
+        return False
+
+    def copyNamedBuffersToDevice(self) -> None:
+        """Nothing to copy: calls read the module's buffers directly."""
+        self._check_alive()
+
+    def compileAndExport(self, filename: str, *args: Any, **kwargs: Any) -> None:
+        """There is no executable to export."""
+        raise UnsupportedOptionError(
+            "compileAndExport is not supported: there is no executable to export; save the "
+            "weights and optimizer with popdist_torch.save_checkpoint"
+        )
+
+    def loadExecutable(self, filename: str) -> None:
+        """There is no executable to load."""
+        raise UnsupportedOptionError(
+            "loadExecutable is not supported: there is no executable; restore weights with "
+            "popdist_torch.load_checkpoint"
+        )
+
+    def save(self, filename: str, *args: Any, **kwargs: Any) -> None:
+        """PopTorch's executable files do not exist here."""
+        raise UnsupportedOptionError(
+            "PoplarExecutor.save is not supported: use popdist_torch.save_checkpoint(path, "
+            "model, optimizer)"
+        )
+
+    def getTensorNames(self) -> list[str]:
+        """Anchored tensors are not available (see ``Options.anchorTensor``)."""
+        raise UnsupportedOptionError(
+            "getTensorNames is not supported: there is no IPU graph; return the tensors "
+            "you need from forward()"
+        )
+
+    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:
+        """Anchored tensors are not available (see ``Options.anchorTensor``)."""
+        raise UnsupportedOptionError(
+            "getAnchoredTensor is not supported: return the tensor from forward() instead"
+        )
+
+    def cycleCount(self) -> int:
+        """There are no device cycles."""
+        raise UnsupportedOptionError(
+            "cycleCount is not supported: there are no IPU cycles; time calls with "
+            "time.perf_counter()"
+        )
+
+    def compilationTime(self) -> Any:
+        """There is no compilation."""
+        raise UnsupportedOptionError(
+            "compilationTime is not supported: there is no compilation (isCompiled() is True)"
+        )
+
+    def getPerfCounters(self) -> dict[str, Any]:
+        """There are no host/IPU transfer counters."""
+        raise UnsupportedOptionError(
+            "getPerfCounters is not supported: there are no IPU transfers; use torch.profiler"
+        )
+
+    def getLatency(self) -> Any:
+        """There are no host/IPU transfer latencies."""
+        raise UnsupportedOptionError(
+            "getLatency is not supported: there are no IPU transfers; use torch.profiler"
+        )
+
+    getHostIpuLatency = getComputeLatency = getIpuHostLatency = getLatency
+
     def getOptimizer(self) -> torch.optim.Optimizer | None:
         """The optimizer the training model steps."""
         return self._optimizer
@@ -381,13 +469,50 @@ class PoplarExecutor:
         if was_training != self._training:  # module.train() walks every submodule
             model.train(self._training)
         try:
-            if self._training:
-                return self._train(batch)
-            with torch.no_grad():
-                return self._infer(batch)
+            if self._watch_blocks:
+                return self._first_call(batch)
+            return self._run(batch)
         finally:
             if was_training != self._training:
                 model.train(was_training)
+
+    def _run(self, batch: _Batch) -> Any:
+        if self._training:
+            return self._train(batch)
+        with torch.no_grad():
+            return self._infer(batch)
+
+    def _first_call(self, batch: _Batch) -> Any:
+        """The first call of a model with no strategy: stage it if it places blocks.
+
+        PopTorch runs a model whose ``Block`` contexts carry an ``ipu_id`` as
+        ``PipelinedExecution(AutoStage.SameAsIpu)``; that shows only when forward runs, so
+        the first forward is watched and, at the first placed ``Block``, abandoned (before
+        any backward or optimizer step) and the call runs again through the stages.
+        ``Block`` contexts without an ``ipu_id`` leave the model whole, with one warning.
+        """
+        from popdist_torch._blocks import BlocksPlaced, watch_blocks
+
+        try:
+            with watch_blocks() as seen:
+                result = self._run(batch)
+        except BlocksPlaced:
+            self._watch_blocks = False
+            if self._training:
+                self._optimizer_zero_grad_for_retry()
+            self._fused = None
+            self._start_runner(None)
+            return self._run(batch)
+        self._watch_blocks = False  # a call that failed is watched again next time
+        if seen.unplaced_seen:
+            warnings.warn(
+                f"{type(self._user_model).__name__} has Block contexts without an ipu_id and "
+                "no execution strategy, so it runs unstaged; to stage it give each Block an "
+                "ipu_id or call opts.setExecutionStrategy(poptorch.PipelinedExecution(...))",
+                UserWarning,
+                stacklevel=3,
+            )
+        return result
 
     def _collector(self) -> OutputCollector:
         o = self._options

@@ -15,10 +15,17 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from popdist_torch.enums import MeanReductionStrategy, OutputMode, ReductionType
+from popdist_torch.enums import (
+    AnchorMode,
+    HalfFloatCastingBehavior,
+    MeanReductionStrategy,
+    OutputMode,
+    ReductionType,
+)
 
 __all__ = [
     "NO_OP_OPTIONS",
@@ -43,13 +50,29 @@ NO_OP_OPTIONS: tuple[str, ...] = (
     "syncPattern",
     "setAvailableMemoryProportion",
     "enableStableNorm",
+    "sourceLocationExcludes",
+    "appendToLocationExcludes",
+    "relaxOptimizerAttributesChecks",
+    "maxRepeatLogs",
+    "modelName",
+    "useOfflineIpuTarget",
+    "disableModuleNamescope",
+    "updatableNamedBuffers",
     "Jit.traceModel",
     "Precision.setPartialsType",
     "Precision.enableFloatingPointExceptions",
+    "Precision.halfFloatCasting",
+    "Precision.runningStatisticsAlwaysFloat",
+    "Precision.enableStochasticRounding",
     "Training.setMeanAccumulationAndReplicationReductionStrategy",
+    "Training.setConvolutionDithering",
     "TensorLocations.setActivationLocation",
     "TensorLocations.setWeightLocation",
     "TensorLocations.setAccumulatorLocation",
+    "TensorLocations.numIOTiles",
+    "_Popart.set",
+    "_Popart.setEngineOptions",
+    "_Popart.setPatterns",
 )
 
 _Self = TypeVar("_Self", bound="_OptionGroup")
@@ -169,6 +192,10 @@ class _TrainingOptions(_OptionGroup):
             "setMeanAccumulationAndReplicationReductionStrategy", MeanReductionStrategy(strategy)
         )
 
+    def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:
+        """No-op: convolution dithering is an IPU tile-placement choice."""
+        return self._no_op("setConvolutionDithering", bool(enabled))
+
     def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
         """Loss scaling for float16 training: not available (training runs in float32)."""
         raise UnsupportedOptionError(
@@ -276,6 +303,22 @@ class TensorLocationSettings:
             )
         return self
 
+    def minElementsForOffChip(self, min_elements: int) -> TensorLocationSettings:
+        """No-op: there is no on-chip memory threshold here."""
+        return self
+
+    def minElementsForReplicatedTensorSharding(self, min_elements: int) -> TensorLocationSettings:
+        """No-op: replicated tensor sharding is not available (see ``useReplicatedTensorSharding``)."""
+        return self
+
+    def useIOTilesToLoad(self, use: bool = True) -> TensorLocationSettings:
+        """No-op: there are no IO tiles."""
+        return self
+
+    def useIOTilesToStore(self, use: bool = True) -> TensorLocationSettings:
+        """No-op: there are no IO tiles."""
+        return self
+
     def __repr__(self) -> str:
         return f"TensorLocationSettings(on_chip={self.on_chip})"
 
@@ -317,6 +360,12 @@ class _TensorLocationOptions(_OptionGroup):
         """No-op: accumulated gradients are the parameters' ``.grad``."""
         return self._no_op("setAccumulatorLocation", repr(location))
 
+    def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:
+        """No-op: there are no IO tiles."""
+        return self._no_op(
+            "numIOTiles", _positive_int("TensorLocations.numIOTiles", num_tiles, minimum=0)
+        )
+
     def _values(self) -> dict[str, Any]:
         return {"optimizer_on_chip": self._optimizer_on_chip}
 
@@ -343,6 +392,41 @@ class _PrecisionOptions(_OptionGroup):
         """No-op: use ``torch.autograd.set_detect_anomaly`` to trap NaNs."""
         return self._no_op("enableFloatingPointExceptions", bool(enabled))
 
+    def halfFloatCasting(self, behavior: HalfFloatCastingBehavior) -> _PrecisionOptions:
+        """No-op: torch's own type promotion decides float16/float32 mixes."""
+        return self._no_op("halfFloatCasting", HalfFloatCastingBehavior(behavior))
+
+    def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:
+        """No-op: running statistics keep the dtype of the module's buffers."""
+        return self._no_op("runningStatisticsAlwaysFloat", bool(value))
+
+    def enableStochasticRounding(self, enabled: bool) -> _PrecisionOptions:
+        """No-op: CPUs and GPUs round to nearest."""
+        return self._no_op("enableStochasticRounding", bool(enabled))
+
+    def _values(self) -> dict[str, Any]:
+        return {}
+
+
+class _PopartOptions(_OptionGroup):
+    """``opts._Popart``: PopART session options; recorded, no effect (there is no PopART)."""
+
+    _prefix = "_Popart."
+
+    def set(self, key: str, value: Any) -> _PopartOptions:
+        """No-op: record a PopART option."""
+        self._check_mutable("set")
+        self._no_ops[str(key)] = value
+        return self
+
+    def setEngineOptions(self, engine_options: dict[str, str]) -> _PopartOptions:
+        """No-op: there is no Poplar engine."""
+        return self._no_op("engine_options", dict(engine_options))
+
+    def setPatterns(self, patterns: dict[str, bool], level: int = 2) -> _PopartOptions:
+        """No-op: there are no PopART graph patterns."""
+        return self._no_op("patterns", dict(patterns))
+
     def _values(self) -> dict[str, Any]:
         return {}
 
@@ -365,6 +449,7 @@ class Options(_OptionGroup):
         self.TensorLocations = _TensorLocationOptions()
         self.Jit = _JitOptions()
         self.Precision = _PrecisionOptions()
+        self._Popart = _PopartOptions()
 
     # -- read properties --------------------------------------------------------------
     @property
@@ -434,6 +519,8 @@ class Options(_OptionGroup):
     ) -> Options:
         """Which outputs to return: ``Final``, ``EveryN`` (with a period), ``All``, ``Sum``, ``Default``."""
         self._check_mutable("outputMode")
+        if isinstance(output_mode, AnchorMode):
+            _warn_anchor("outputMode(AnchorMode...)", "outputMode(poptorch.OutputMode...)")
         try:
             mode = OutputMode(output_mode)
         except ValueError:
@@ -452,6 +539,24 @@ class Options(_OptionGroup):
             period = 1
         self._output_mode, self._output_return_period = mode, period
         return self
+
+    def anchorMode(
+        self, anchor_mode: AnchorMode | OutputMode, anchor_return_period: int | None = None
+    ) -> Options:
+        """PopTorch's deprecated name of ``outputMode`` (warns, then sets the output mode)."""
+        _warn_anchor("Options.anchorMode", "Options.outputMode")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # one warning per call, not two
+            return self.outputMode(OutputMode(int(anchor_mode)), anchor_return_period)
+
+    def defaultAnchorMode(self) -> bool:
+        """PopTorch's deprecated name of ``defaultOutputMode`` (warns)."""
+        _warn_anchor("Options.defaultAnchorMode", "Options.defaultOutputMode")
+        return self.defaultOutputMode()
+
+    def exists(self, option: str) -> bool:
+        """Whether ``option`` (a ``toDict()`` key such as ``"random_seed"``) has a value."""
+        return self.toDict().get(option) is not None
 
     def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
         """Broadcast buffers from instance 0 at wrap time (default ``True``)."""
@@ -474,8 +579,8 @@ class Options(_OptionGroup):
             strategy, (PipelinedExecution, ShardedExecution)
         ):
             raise OptionsError(
-                f"setExecutionStrategy({strategy!r}): expected a PipelinedExecution or "
-                f"ShardedExecution"
+                f"setExecutionStrategy({strategy!r}): expected a PipelinedExecution, "
+                f"ShardedExecution, SerialPhasedExecution or ParallelPhasedExecution"
             )
         self._execution_strategy = strategy
         return self
@@ -503,6 +608,28 @@ class Options(_OptionGroup):
         """Returning intermediate tensors is not available."""
         raise UnsupportedOptionError(
             "anchorTensor is not supported: return the tensor from forward() instead"
+        )
+
+    def enableProfiling(self, profile_dir: str | None = None) -> Options:
+        """PopVision profiles do not exist here."""
+        raise UnsupportedOptionError(
+            "enableProfiling is not supported: there is no PopVision profile; use "
+            "torch.profiler, or popdist_torch.pipeline.record_schedule() for a staged "
+            "model's schedule"
+        )
+
+    def loadFromFile(self, filepath: str) -> Options:
+        """PopTorch's option files are not read."""
+        raise UnsupportedOptionError(
+            f"loadFromFile({filepath!r}) is not supported: call the setters in Python "
+            "(opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
+        )
+
+    def from_json(self, string: str) -> Options:
+        """PopTorch's JSON option strings are not read."""
+        raise UnsupportedOptionError(
+            "from_json is not supported: call the setters in Python "
+            "(opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
         )
 
     # -- documented no-ops ------------------------------------------------------------
@@ -546,9 +673,48 @@ class Options(_OptionGroup):
         """No-op: torch's norms are already computed stably."""
         return self._no_op("enableStableNorm", bool(enabled))
 
+    def sourceLocationExcludes(self, excludes: list[str]) -> Options:
+        """No-op: there are no compiler source locations."""
+        return self._no_op("sourceLocationExcludes", list(excludes))
+
+    def appendToLocationExcludes(self, *excludes: str) -> Options:
+        """No-op: there are no compiler source locations."""
+        return self._no_op("appendToLocationExcludes", list(excludes))
+
+    def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:
+        """No-op: any torch optimizer is accepted as it is."""
+        return self._no_op("relaxOptimizerAttributesChecks", bool(relax))
+
+    def maxRepeatLogs(self, max_lines: int | None) -> Options:
+        """No-op: the executor writes no repeated compiler logs."""
+        return self._no_op("maxRepeatLogs", max_lines)
+
+    def modelName(self, name: str) -> Options:
+        """No-op: names nothing here (there is no compiled executable to name)."""
+        return self._no_op("modelName", str(name))
+
+    def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:
+        """No-op: the model runs on this host; there is no offline compilation target."""
+        return self._no_op("useOfflineIpuTarget", int(ipu_version))
+
+    def disableModuleNamescope(self) -> Options:
+        """No-op: there are no compiler name scopes."""
+        return self._no_op("disableModuleNamescope", True)
+
+    def updatableNamedBuffers(self, buffers: list[str]) -> Options:
+        """No-op: every buffer of the module is updatable already."""
+        return self._no_op("updatableNamedBuffers", list(buffers))
+
     # -- whole-object helpers ---------------------------------------------------------
     def _groups(self) -> tuple[_OptionGroup, ...]:
-        return (self.Training, self.Distributed, self.TensorLocations, self.Jit, self.Precision)
+        return (
+            self.Training,
+            self.Distributed,
+            self.TensorLocations,
+            self.Jit,
+            self.Precision,
+            self._Popart,
+        )
 
     def _freeze(self) -> None:
         """Forbid further changes (a DataLoader relies on the batch arithmetic)."""
@@ -600,6 +766,12 @@ class Options(_OptionGroup):
 
     def __repr__(self) -> str:
         return f"Options({self.toDict()!r})"
+
+
+def _warn_anchor(old: str, new: str) -> None:
+    warnings.warn(
+        f"{old} is deprecated (PopTorch 2.4 renamed it): use {new}", FutureWarning, stacklevel=3
+    )
 
 
 def _default_cache_dir() -> str | None:

@@ -15,21 +15,34 @@ from __future__ import annotations
 from popdist_torch._blocks import (
     BeginBlock,
     Block,
+    BlockFunction,
+    ParallelPhasedExecution,
+    Phase,
+    PhasedExecution,
     PipelinedExecution,
     PipelineError,
+    SerialPhasedExecution,
     ShardedExecution,
     Stage,
     _ExecutionStrategy,  # noqa: F401 - Options.setExecutionStrategy checks against it
     check_accumulation,
     has_block_annotations,
+    removeBlocks,
 )
 from popdist_torch._schedule import StageEvent, StageRunner, chrome_trace, record_schedule
+from popdist_torch.enums import AutoStage
 
 __all__ = [
+    "AutoStage",
     "BeginBlock",
     "Block",
+    "BlockFunction",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PhasedExecution",
     "PipelineError",
     "PipelinedExecution",
+    "SerialPhasedExecution",
     "ShardedExecution",
     "Stage",
     "StageEvent",
@@ -38,4 +51,5 @@ __all__ = [
     "chrome_trace",
     "has_block_annotations",
     "record_schedule",
+    "removeBlocks",
 ]

@@ -64,7 +64,7 @@ def forwarded_names(environ: Mapping[str, str]) -> list[str]:
 
 def shared_values(config: RunConfig) -> dict[str, str]:
     """Values identical for every instance, exported by name from mpirun's own environment."""
-    values = {UNBUFFERED: "1"}
+    values = {UNBUFFERED: "1", contract.ERROR_RECORD: "1", contract.BACKEND: config.backend}
     if config.executable_cache_path:
         values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
     return values
@@ -72,7 +72,7 @@ def shared_values(config: RunConfig) -> dict[str, str]:
 
 def instance_values(config: RunConfig, plan: InstancePlan) -> dict[str, str]:
     """The contract values of one instance (plain integers and a host name)."""
-    values = contract.instance_environment(
+    return contract.instance_environment(
         num_total_replicas=config.num_replicas,
         num_ipus_per_replica=config.ipus_per_replica,
         num_instances=config.num_instances,
@@ -81,9 +81,7 @@ def instance_values(config: RunConfig, plan: InstancePlan) -> dict[str, str]:
         num_local_instances=plan.num_local_instances,
         host=plan.host,
         offline_mode=config.offline_mode,
-    )
-    values.pop(contract.EXECUTABLE_CACHE_PATH, None)  # shared: goes by name
-    return values
+    )  # the cache path is shared: it goes by name (shared_values)
 
 
 def mpirun_environment(config: RunConfig, environ: Mapping[str, str]) -> dict[str, str]:
