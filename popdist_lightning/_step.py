@@ -22,7 +22,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from popdist_lightning.errors import IPUStrategyError
 
-__all__ = ["LoggedCall", "StepModule", "flat_step_module"]
+__all__ = ["FlatStepModule", "LoggedCall", "StepModule", "flat_step_module"]
 
 #: Marker output of a step that returned nothing and logged nothing (outputs cannot be empty).
 _NOTHING = "nothing"
@@ -140,26 +140,40 @@ def _training_loss(result: Any) -> torch.Tensor:
     )
 
 
-class _FlatStepModule(StepModule):
+class FlatStepModule(StepModule):
     """A step module whose ``forward`` takes the batch's tensors one by one, then ``batch_idx``.
 
-    The stage tracer of a pipelined model follows ``forward`` with one placeholder per
-    named parameter, so the batch (a tuple, list or dict of tensors) is flattened into
-    tensors for the call and rebuilt here; ``batch_idx`` arrives as a 0-dim tensor.
+    The stage tracer of a staged module (``BeginBlock``, or ``Block`` contexts the executor
+    finds on its first call) follows ``forward`` with one placeholder per named parameter,
+    so the batch (a tuple, list or dict of tensors) is flattened into tensors for the call
+    and rebuilt here. ``batch_idx`` travels as a 0-dim tensor and reaches the step as an
+    ``int`` again (while being traced, as the tracer's placeholder).
     """
 
     def __init__(self, module: nn.Module, step: str, spec: TreeSpec) -> None:
         super().__init__(module, step)
         self.spec = spec
 
+    def inputs(self, batch: Any) -> list[torch.Tensor]:
+        """The batch's tensors, in the order ``forward`` takes them."""
+        leaves, spec = tree_flatten(batch)
+        if spec != self.spec:
+            raise IPUStrategyError(
+                f"the batches of {self.step} changed structure (from {self.spec} to {spec}): "
+                f"every batch of one loader must have the same structure under IPUStrategy"
+            )
+        return leaves
+
     def _run_flat(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
         *leaves, batch_idx = tensors
         batch = tree_unflatten(list(leaves), self.spec)
+        if isinstance(batch_idx, torch.Tensor):  # not the tracer's placeholder
+            batch_idx = int(batch_idx)
         return StepModule.forward(self, batch, batch_idx)
 
 
-def flat_step_module(module: nn.Module, step: str, batch: Any) -> tuple[StepModule, int]:
-    """A :class:`_FlatStepModule` for batches shaped like ``batch``; also its tensor count."""
+def flat_step_module(module: nn.Module, step: str, batch: Any) -> FlatStepModule:
+    """A :class:`FlatStepModule` for batches shaped like ``batch``."""
     leaves, spec = tree_flatten(batch)
     if not leaves or not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         raise IPUStrategyError(
@@ -174,5 +188,5 @@ def flat_step_module(module: nn.Module, step: str, batch: Any) -> tuple[StepModu
     )
     namespace: dict[str, Any] = {}
     exec(source, namespace)  # one named parameter per input: what the stage tracer needs
-    cls = type("PipelinedStep", (_FlatStepModule,), {"forward": namespace["forward"]})
-    return cls(module, step, spec), len(leaves)
+    cls = type("PipelinedStep", (FlatStepModule,), {"forward": namespace["forward"]})
+    return cls(module, step, spec)

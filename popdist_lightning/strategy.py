@@ -42,11 +42,11 @@ from torch.utils._pytree import tree_flatten
 import popdist
 import popdist_torch as poptorch
 from popdist_lightning._loaders import to_poptorch_loader
-from popdist_lightning._step import StepModule, flat_step_module
+from popdist_lightning._step import FlatStepModule, StepModule, flat_step_module
 from popdist_lightning.environment import PopdistEnvironment
 from popdist_lightning.errors import IPUStrategyError
 from popdist_lightning.precision import IPUPrecision
-from popdist_torch.pipeline import ShardedExecution, has_block_annotations
+from popdist_torch.pipeline import PipelineError, ShardedExecution, has_block_annotations
 
 __all__ = ["IPUStrategy"]
 
@@ -57,6 +57,20 @@ _STEPS = {
     RunningStage.TESTING: "test_step",
     RunningStage.PREDICTING: "predict_step",
 }
+
+
+_SHARDED_NOTE = (
+    "IPUStrategy: the module's blocks run as ShardedExecution (gradient accumulation 1 cannot "
+    "fill a pipeline); set accumulate_grad_batches >= the number of stages to pipeline them"
+)
+
+
+def _flat_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a step call is ``(batch, batch_idx)`` with a batch made of tensors."""
+    if kwargs or len(args) != 2 or not isinstance(args[1], int):
+        return False
+    leaves = tree_flatten(args[0])[0]
+    return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
 
 
 class IPUStrategy(ParallelStrategy):
@@ -282,11 +296,7 @@ class IPUStrategy(ParallelStrategy):
             ):
                 # One micro-batch per weight update cannot fill a pipeline: run the stages
                 # one after the other (same numbers); accumulation >= stages pipelines.
-                rank_zero_info(
-                    "IPUStrategy: the module's blocks run as ShardedExecution (gradient "
-                    "accumulation 1 cannot fill a pipeline); set accumulate_grad_batches >= "
-                    "the number of stages to pipeline them"
-                )
+                rank_zero_info(_SHARDED_NOTE)
                 opts.setExecutionStrategy(ShardedExecution())
         dist = opts.Distributed
         if (dist.processId, dist.numProcesses) != (self.global_rank, self.world_size):
@@ -353,16 +363,22 @@ class IPUStrategy(ParallelStrategy):
 
     # -- steps ---------------------------------------------------------------------------
     def _executor(
-        self, step: str, args: tuple[Any, ...]
+        self, step: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[poptorch.PoplarExecutor, StepModule]:
         executor = self._executors.get(step)
         if executor is None:
             module = self.lightning_module
             assert module is not None
-            if self._pipelined:
-                wrapper, _ = flat_step_module(module, step, args[0])
-            else:
-                wrapper = StepModule(module, step)
+            wrapper = (
+                flat_step_module(module, step, args[0])
+                if _flat_call(args, kwargs)
+                else StepModule(module, step)
+            )
+            if self._pipelined and not isinstance(wrapper, FlatStepModule):
+                raise IPUStrategyError(
+                    f"a pipelined LightningModule's {step} takes (batch, batch_idx) with a "
+                    f"batch made of tensors under IPUStrategy (one dataloader)"
+                )
             if step == "training_step":
                 executor = poptorch.trainingModel(
                     wrapper, self._training_opts, optimizer=self.optimizers[0]
@@ -373,17 +389,31 @@ class IPUStrategy(ParallelStrategy):
             self._steps[step] = wrapper
         return executor, self._steps[step]
 
+    def _call(self, step: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        executor, wrapper = self._executor(step, args, kwargs)
+        if isinstance(wrapper, FlatStepModule):
+            return executor(*wrapper.inputs(args[0]), torch.tensor(args[1]))
+        return executor(*args, **kwargs)
+
     def _run(self, step: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        executor, wrapper = self._executor(step, args)
-        if self._pipelined:
-            if len(args) != 2 or kwargs:
-                raise IPUStrategyError(
-                    f"a pipelined LightningModule's {step} takes (batch, batch_idx) under "
-                    f"IPUStrategy (one dataloader)"
-                )
-            outputs = executor(*tree_flatten(args[0])[0], torch.tensor(args[1]))
-        else:
-            outputs = executor(*args, **kwargs)
+        try:
+            outputs = self._call(step, args, kwargs)
+        except PipelineError:
+            # Block(ipu_id=...) contexts found on the first call staged the model as a
+            # pipeline, which one micro-batch per update cannot fill: shard it instead.
+            opts = self._training_opts
+            assert opts is not None
+            if (
+                step != "training_step"
+                or opts.execution_strategy is not None
+                or opts.Training.gradient_accumulation != 1
+            ):
+                raise
+            rank_zero_info(_SHARDED_NOTE)
+            opts.setExecutionStrategy(ShardedExecution())
+            self._executors.pop(step).destroy()
+            outputs = self._call(step, args, kwargs)
+        wrapper = self._steps[step]
         values, result = wrapper.split(outputs)
         module = self.lightning_module
         assert module is not None

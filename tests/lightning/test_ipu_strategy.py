@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import popdist_torch as poptorch
+import popdist_torch.pipeline
 from popdist_lightning import IPUPrecision, IPUStrategy, IPUStrategyError
 from tests.lightning.cases import (
     QUIET,
@@ -282,3 +283,37 @@ def test_import_popdist_torch_does_not_import_lightning() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.strip() == "[]"
+
+
+class _Staged(Classifier):
+    """The Classifier split in two blocks: by BeginBlock, or by Block contexts in forward."""
+
+    def __init__(self, batch_size: int, how: str) -> None:
+        super().__init__(batch_size)
+        self.how = how
+        if how == "begin_block":
+            self.net[0] = poptorch.BeginBlock(self.net[0], ipu_id=0)
+            self.net[2] = poptorch.BeginBlock(self.net[2], ipu_id=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how != "block":
+            return self.net(x)
+        with poptorch.Block(ipu_id=0):
+            x = self.net[1](self.net[0](x))
+        with poptorch.Block(ipu_id=1):
+            return self.net[2](x)
+
+
+@pytest.mark.parametrize(
+    ("how", "accumulation"), [("begin_block", 1), ("begin_block", 4), ("block", 1), ("block", 4)]
+)
+def test_staged_modules_train_like_the_cpu_trainer(how: str, accumulation: int) -> None:
+    model = _Staged(MICRO, how)
+    trainer = ipu_trainer(
+        2, IPUStrategy(device_iterations=2), max_epochs=1, accumulate_grad_batches=accumulation
+    )
+    with poptorch.pipeline.record_schedule() as events:
+        trainer.fit(model)
+    # it ran in two stages: forward and backward of stage 0 and of stage 1
+    assert {(e.stage, e.kind) for e in events} == {(0, "F"), (0, "B"), (1, "F"), (1, "B")}
+    assert max_difference(model, cpu_reference(2, MICRO, accumulation, epochs=1)) < 1e-6
