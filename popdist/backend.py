@@ -1,70 +1,41 @@
-"""The collective backend: Horovod, started once per process by :func:`init`.
+"""The collective backend's life cycle: started once per process by :func:`init`.
 
 PopDist's ``init()`` brings up the backend that carries host-side collectives between
-instances; here that backend is Horovod (``horovod.torch``) over the same Open MPI job that
-poprun launched. Horovod (and with it torch) is imported only when :func:`init` runs, so
-``import popdist`` stays cheap. :func:`init` also checks that Horovod's world is the run
-popdist reads from the environment: a process started outside the job, or a job whose
-ranks do not match the instances, fails here with a clear message instead of hanging in
-its first collective.
-
-Horovod's background thread negotiates which tensors are ready once per *cycle* (1 ms by
-default), which adds up to a cycle of latency to every collective. Unless the user set
-``HOROVOD_CYCLE_TIME``, :func:`init` sets it to :data:`CYCLE_TIME_MS` before Horovod
-starts: measured on 2 cores with 2 instances, a 16 MB gradient allreduce goes from about
-3.9 to 5.1 GB/s and MLP training gains about 10 %, while the CPU the faster cycle costs is
-given back by the ``mpi_yield_when_idle`` poprun sets when cores are scarce
-(``benchmarks/allreduce.py``, ``benchmarks/training_throughput.py``).
-
-The cycle is a sleep, and Linux lets a sleeping thread oversleep by its *timer slack*
-(50 µs by default), half of a 0.1 ms cycle. Horovod's background thread is created inside
-``hvd.init()`` and inherits the slack of the thread that starts it, so :func:`init` lowers
-the slack to :data:`TIMER_SLACK_NS` around that call (only there: the caller's own slack is
-restored). Measured with 2 instances on 2 cores: a 1 MB allreduce +13 %, 4 MB +7 %.
+instances. The backend itself is ``popdist_torch.collectives`` (Horovod by default, over the
+same Open MPI job poprun launched); this module only decides *when* it starts and stops and
+checks that the backend's world is the run popdist reads from the environment: a process
+started outside the job, or a job whose ranks do not match the instances, fails here with a
+clear message instead of hanging in its first collective. The backend (and with it torch)
+is imported only when :func:`init` runs, so ``import popdist`` stays cheap.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
-import os
-import sys
-from collections.abc import Iterator
-from types import ModuleType
 
 from popdist.env import PopdistError, read_run
 
-__all__ = ["finalizeBackend", "horovod", "init", "initializeBackend", "isBackendInitialized"]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
+if TYPE_CHECKING:
+    from popdist_torch.collectives import Collectives
 
-SETUP_HINT = "run `make setup` (which `make test` and `make demo` run first) to build it into .venv"
-
-#: Horovod's negotiation cycle in milliseconds, unless ``HOROVOD_CYCLE_TIME`` is set.
-CYCLE_TIME_MS = "0.1"
-
-#: Timer slack (ns) Horovod's background thread inherits: its cycle sleeps end on time.
-TIMER_SLACK_NS = 1000
-_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
+__all__ = ["collectives", "finalizeBackend", "init", "initializeBackend", "isBackendInitialized"]
 
 _initialized = False
 _finalized = False
 _atexit_registered = False
 
 
-def _import_horovod() -> ModuleType:
-    try:
-        import horovod.torch as hvd
-    except ImportError as exc:
-        raise PopdistError(
-            f"popdist.init() needs Horovod (horovod.torch), which this interpreter "
-            f"({sys.executable}) cannot import ({exc}); {SETUP_HINT}"
-        ) from None
-    return hvd
+def _backend() -> Collectives:
+    from popdist_torch import collectives as chosen
+
+    return chosen.backend()
 
 
 def init() -> None:
     """Start the collective backend once; later calls do nothing.
 
-    Raises :class:`PopdistError` if Horovod is missing, or if its size and rank disagree
+    Raises :class:`PopdistError` if the backend is missing, or if its size and rank disagree
     with :func:`popdist.getNumInstances` and :func:`popdist.getInstanceIndex`. The backend
     is finalised at interpreter exit (or by :func:`finalizeBackend`).
     """
@@ -80,43 +51,21 @@ def init() -> None:
             "only when the script is done with collectives"
         )
     run = read_run()  # a malformed environment fails before anything starts
-    hvd = _import_horovod()
-    os.environ.setdefault("HOROVOD_CYCLE_TIME", CYCLE_TIME_MS)
-    with _timer_slack(TIMER_SLACK_NS):
-        hvd.init()
-    size, rank = int(hvd.size()), int(hvd.rank())
+    backend = _backend()
+    backend.start()
+    size, rank = backend.size(), backend.rank()
     if (size, rank) != (run.num_instances, run.instance_index):
-        hvd.shutdown()
+        backend.shutdown()
         where = "poprun's POPDIST_*" if run.from_poprun else "the environment"
         raise PopdistError(
-            f"Horovod sees rank {rank} of {size} processes but {where} says instance "
-            f"{run.instance_index} of {run.num_instances}: start every instance from one "
-            f"poprun (or mpirun) command and do not mix launchers"
+            f"{backend.label or backend.name} sees rank {rank} of {size} processes but "
+            f"{where} says instance {run.instance_index} of {run.num_instances}: start every "
+            f"instance from one poprun (or mpirun) command and do not mix launchers"
         )
     _initialized = True
     if not _atexit_registered:
         atexit.register(finalizeBackend)
         _atexit_registered = True
-
-
-@contextlib.contextmanager
-def _timer_slack(nanoseconds: int) -> Iterator[None]:
-    """This thread's timer slack (so that of the threads it starts) within the block; Linux."""
-    if sys.platform != "linux":
-        yield
-        return
-    import ctypes  # here, not at the top: ``import popdist`` stays light
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    zero = ctypes.c_ulong(0)
-    before = int(prctl(_PR_GET_TIMERSLACK, zero, zero, zero, zero))
-    if before <= 0 or prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(nanoseconds), zero, zero, zero):
-        yield  # the call failed: leave the slack alone
-        return
-    try:
-        yield
-    finally:
-        prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(before), zero, zero, zero)
 
 
 #: PopDist's other name for :func:`init`.
@@ -125,10 +74,7 @@ initializeBackend = init
 
 def isBackendInitialized() -> bool:
     """Whether :func:`init` started the backend and it is still running."""
-    if not _initialized:
-        return False
-    hvd = sys.modules.get("horovod.torch")
-    return bool(hvd is not None and hvd.is_initialized())
+    return _initialized and _backend().is_started()
 
 
 def finalizeBackend() -> None:
@@ -138,12 +84,10 @@ def finalizeBackend() -> None:
         return
     _initialized = False
     _finalized = True
-    hvd = sys.modules.get("horovod.torch")
-    if hvd is not None and hvd.is_initialized():
-        hvd.shutdown()
+    _backend().shutdown()
 
 
-def horovod() -> ModuleType:
-    """``horovod.torch``, started by :func:`init` if it is not yet."""
+def collectives() -> Collectives:
+    """The backend's collectives, started by :func:`init` if they are not yet."""
     init()
-    return _import_horovod()
+    return _backend()

@@ -66,7 +66,7 @@ def execute_on_instances(
 
     from popdist import backend
 
-    hvd = backend.horovod()
+    collectives = backend.collectives()
     result: T | None = None
     error: Exception | None = None
     if run.instance_index in chosen:
@@ -76,7 +76,7 @@ def execute_on_instances(
             error = exc
     import torch
 
-    flags = hvd.allgather(
+    flags = collectives.allgather(
         torch.tensor([1 if error is not None else 0], dtype=torch.int32),
         name="popdist.execute_on_instances",
     )

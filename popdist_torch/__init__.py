@@ -10,20 +10,6 @@ import warnings as _warnings
 from typing import Any as _Any
 
 from popdist_torch import optim, profiling
-from popdist_torch._blocks import (
-    BeginBlock,
-    Block,
-    BlockFunction,
-    ParallelPhasedExecution,
-    Phase,
-    PhasedExecution,
-    PipelinedExecution,
-    PipelineError,
-    SerialPhasedExecution,
-    ShardedExecution,
-    Stage,
-    removeBlocks,
-)
 from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from popdist_torch.compat import (
     AsynchronousDataAccessor,
@@ -65,6 +51,13 @@ from popdist_torch.enums import (
     SyncPattern,
     VariableRetrievalMode,
 )
+from popdist_torch.errors import (
+    CollectiveError,
+    DataLoaderError,
+    ExecutorStateError,
+    OptimizerError,
+    PopdistTorchError,
+)
 from popdist_torch.executor import (
     ExecutorError,
     PoplarExecutor,
@@ -72,6 +65,7 @@ from popdist_torch.executor import (
     inferenceModel,
     trainingModel,
 )
+from popdist_torch.launch_options import PopdistOptions
 from popdist_torch.ops import (
     CPU,
     MultiConv,
@@ -95,6 +89,20 @@ from popdist_torch.options import (
     TensorLocationSettings,
     UnsupportedOptionError,
 )
+from popdist_torch.pipeline import (
+    BeginBlock,
+    Block,
+    BlockFunction,
+    ParallelPhasedExecution,
+    Phase,
+    PhasedExecution,
+    PipelinedExecution,
+    PipelineError,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+    removeBlocks,
+)
 
 __all__ = [
     "CPU",
@@ -104,12 +112,15 @@ __all__ = [
     "Block",
     "BlockFunction",
     "CheckpointError",
+    "CollectiveError",
     "CommGroupType",
     "ConnectionType",
     "DataLoader",
+    "DataLoaderError",
     "DataLoaderMode",
     "Error",
     "ExecutorError",
+    "ExecutorStateError",
     "FrozenOptionsError",
     "HalfFloatCastingBehavior",
     "ICustomArgParser",
@@ -119,6 +130,7 @@ __all__ = [
     "MultiConv",
     "MultiConvPlanType",
     "NameScope",
+    "OptimizerError",
     "Options",
     "OptionsError",
     "OutputMode",
@@ -128,6 +140,8 @@ __all__ = [
     "PhasedExecution",
     "PipelineError",
     "PipelinedExecution",
+    "PopdistOptions",
+    "PopdistTorchError",
     "PoplarExecutor",
     "RecoverableError",
     "ReductionType",

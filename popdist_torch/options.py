@@ -16,9 +16,9 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from popdist.env import read_cache_dir
 from popdist_torch.enums import (
     AnchorMode,
     HalfFloatCastingBehavior,
@@ -26,17 +26,17 @@ from popdist_torch.enums import (
     OutputMode,
     ReductionType,
 )
+from popdist_torch.errors import FrozenOptionsError, OptionsError, UnsupportedOptionError
 
 __all__ = [
     "NO_OP_OPTIONS",
+    "DistributedOptions",
     "FrozenOptionsError",
     "Options",
     "OptionsError",
     "TensorLocationSettings",
     "UnsupportedOptionError",
 ]
-
-CACHE_DIR_ENV = "POPTORCH_CACHE_DIR"
 
 #: Options accepted for PopTorch compatibility that change nothing on this executor.
 NO_OP_OPTIONS: tuple[str, ...] = (
@@ -76,18 +76,6 @@ NO_OP_OPTIONS: tuple[str, ...] = (
 )
 
 _Self = TypeVar("_Self", bound="_OptionGroup")
-
-
-class OptionsError(ValueError):
-    """An option was given a value it cannot take."""
-
-
-class FrozenOptionsError(RuntimeError):
-    """A setter was called on options a DataLoader (or ``_freeze()``) has frozen."""
-
-
-class UnsupportedOptionError(RuntimeError):
-    """A PopTorch option that has no meaning on this executor and cannot be honoured."""
 
 
 def _positive_int(name: str, value: object, *, minimum: int = 1) -> int:
@@ -210,20 +198,24 @@ class _TrainingOptions(_OptionGroup):
         }
 
 
-class _DistributedOptions(_OptionGroup):
+class DistributedOptions(_OptionGroup):
     """``opts.Distributed``: which process this is among how many.
 
-    By default read from ``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_RANK``, as PopTorch
-    does, so a plain ``Options()`` under ``mpirun`` or ``poprun`` already shards data.
+    By default this instance's index and the instance count, read through popdist (poprun's
+    variables, else Open MPI's rank and size, as PopTorch reads them), so a plain
+    ``Options()`` under ``mpirun`` or ``poprun`` already shards data.
     """
 
     _prefix = "Distributed."
 
     def __init__(self) -> None:
         super().__init__()
+        from popdist.env import read_run
+
+        run = read_run()
         self._num_processes = 1
         self._process_id = 0
-        self._set_from_env("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", os.environ)
+        self._configure(run.instance_index, run.num_instances)
 
     @property
     def processId(self) -> int:
@@ -245,32 +237,25 @@ class _DistributedOptions(_OptionGroup):
             )
         self._process_id, self._num_processes = pid, num
 
-    def _set_from_env(self, var_num: str, var_id: str, environ: Mapping[str, str]) -> None:
-        values: list[int] = []
-        for name, default in ((var_id, "0"), (var_num, "1")):
-            raw = environ.get(name, default)
-            try:
-                values.append(int(raw))
-            except ValueError:
-                raise OptionsError(
-                    f"{name}={raw!r} is not an integer; fix or unset it "
-                    f"(Options.Distributed reads the process id and count from it)"
-                ) from None
-        self._configure(values[0], values[1])
-
-    def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:
+    def configureProcessId(self, process_id: int, num_processes: int) -> DistributedOptions:
         """Set this process's id and the number of processes (without a launcher's env)."""
         self._check_mutable("configureProcessId")
         self._configure(process_id, num_processes)
         return self
 
-    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> _DistributedOptions:
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> DistributedOptions:
         """Read the process count and id from these environment variables now."""
         self._check_mutable("setEnvVarNames")
-        self._set_from_env(var_num_processes, var_process_id, os.environ)
+        from popdist.env import PopdistError, read_process
+
+        try:
+            process_id, num_processes = read_process(var_num_processes, var_process_id)
+        except PopdistError as exc:
+            raise OptionsError(str(exc)) from None
+        self._configure(process_id, num_processes)
         return self
 
-    def disable(self) -> _DistributedOptions:
+    def disable(self) -> DistributedOptions:
         """Run as a single process (id 0 of 1) whatever the environment says."""
         self._check_mutable("disable")
         self._configure(0, 1)
@@ -431,7 +416,124 @@ class _PopartOptions(_OptionGroup):
         return {}
 
 
-class Options(_OptionGroup):
+class _NoOpSetters(_OptionGroup):
+    """PopTorch's top-level setters that mean nothing here: documented, recorded no-ops."""
+
+    def showCompilationProgressBar(self: _Self, show: bool = True) -> _Self:
+        """No-op: there is no compilation step to show."""
+        return self._no_op("showCompilationProgressBar", bool(show))
+
+    def logDir(self: _Self, log_dir: str) -> _Self:
+        """No-op: the executor writes no compiler logs."""
+        return self._no_op("logDir", str(log_dir))
+
+    def logCycleCount(self: _Self, log_cycle_count: bool) -> _Self:
+        """No-op: there are no device cycles to count."""
+        return self._no_op("logCycleCount", bool(log_cycle_count))
+
+    def useIpuModel(self: _Self, use_model: bool) -> _Self:
+        """No-op: the executor always runs on the host's CPU (or GPU)."""
+        return self._no_op("useIpuModel", bool(use_model))
+
+    def useIpuId(self: _Self, ipu_id: int) -> _Self:
+        """No-op: devices are chosen by the executor, not by id."""
+        return self._no_op("useIpuId", _positive_int("useIpuId", ipu_id, minimum=0))
+
+    def autoRoundNumIPUs(self: _Self, auto_round: bool) -> _Self:
+        """No-op: any number of devices can be used."""
+        return self._no_op("autoRoundNumIPUs", bool(auto_round))
+
+    def connectionType(self: _Self, connection_type: Any) -> _Self:
+        """No-op: there is no device connection to defer."""
+        return self._no_op("connectionType", int(connection_type))
+
+    def syncPattern(self: _Self, sync_pattern: Any) -> _Self:
+        """No-op: there is no device/host sync pattern."""
+        return self._no_op("syncPattern", int(sync_pattern))
+
+    def setAvailableMemoryProportion(self: _Self, available_memory_proportion: Any) -> _Self:
+        """No-op: there is no tile memory to plan."""
+        return self._no_op("setAvailableMemoryProportion", dict(available_memory_proportion))
+
+    def enableStableNorm(self: _Self, enabled: bool) -> _Self:
+        """No-op: torch's norms are already computed stably."""
+        return self._no_op("enableStableNorm", bool(enabled))
+
+    def sourceLocationExcludes(self: _Self, excludes: list[str]) -> _Self:
+        """No-op: there are no compiler source locations."""
+        return self._no_op("sourceLocationExcludes", list(excludes))
+
+    def appendToLocationExcludes(self: _Self, *excludes: str) -> _Self:
+        """No-op: there are no compiler source locations."""
+        return self._no_op("appendToLocationExcludes", list(excludes))
+
+    def relaxOptimizerAttributesChecks(self: _Self, relax: bool = True) -> _Self:
+        """No-op: any torch optimizer is accepted as it is."""
+        return self._no_op("relaxOptimizerAttributesChecks", bool(relax))
+
+    def maxRepeatLogs(self: _Self, max_lines: int | None) -> _Self:
+        """No-op: the executor writes no repeated compiler logs."""
+        return self._no_op("maxRepeatLogs", max_lines)
+
+    def modelName(self: _Self, name: str) -> _Self:
+        """No-op: names nothing here (there is no compiled executable to name)."""
+        return self._no_op("modelName", str(name))
+
+    def useOfflineIpuTarget(self: _Self, ipu_version: int = 2) -> _Self:
+        """No-op: the model runs on this host; there is no offline compilation target."""
+        return self._no_op("useOfflineIpuTarget", int(ipu_version))
+
+    def disableModuleNamescope(self: _Self) -> _Self:
+        """No-op: there are no compiler name scopes."""
+        return self._no_op("disableModuleNamescope", True)
+
+    def updatableNamedBuffers(self: _Self, buffers: list[str]) -> _Self:
+        """No-op: every buffer of the module is updatable already."""
+        return self._no_op("updatableNamedBuffers", list(buffers))
+
+
+class _RefusedSetters(_OptionGroup):
+    """PopTorch's top-level setters that cannot be honoured here: each raises, naming why."""
+
+    def enableSyntheticData(self: _Self, enabled: bool) -> _Self:
+        """Synthetic data would skip the host data: not available."""
+        if enabled:
+            raise UnsupportedOptionError(
+                "enableSyntheticData(True) is not supported: the executor always uses the "
+                "tensors you pass; build random tensors yourself to benchmark without I/O"
+            )
+        return self
+
+    def anchorTensor(self: _Self, *args: Any, **kwargs: Any) -> _Self:
+        """Returning intermediate tensors is not available."""
+        raise UnsupportedOptionError(
+            "anchorTensor is not supported: return the tensor from forward() instead"
+        )
+
+    def enableProfiling(self: _Self, profile_dir: str | None = None) -> _Self:
+        """PopVision profiles do not exist here."""
+        raise UnsupportedOptionError(
+            "enableProfiling is not supported: there is no PopVision profile; use "
+            "torch.profiler, or popdist_torch.pipeline.record_schedule() for a staged "
+            "model's schedule"
+        )
+
+    def loadFromFile(self: _Self, filepath: str) -> _Self:
+        """PopTorch's option files are not read."""
+        raise UnsupportedOptionError(
+            f"loadFromFile({filepath!r}) is not supported: call the setters in Python "
+            "(opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
+        )
+
+    def from_json(self: _Self, string: str) -> _Self:
+        """PopTorch's JSON option strings are not read."""
+        raise UnsupportedOptionError(
+            "from_json is not supported: call the setters in Python "
+            "(opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
+        )
+
+
+class Options(_RefusedSetters, _NoOpSetters):
     """PopTorch's options: batching, replication, outputs, distribution, caching."""
 
     def __init__(self) -> None:
@@ -442,10 +544,11 @@ class Options(_OptionGroup):
         self._output_mode = OutputMode.Default
         self._output_return_period = 1
         self._broadcast_buffers = True
-        self._executable_cache_dir: str | None = _default_cache_dir()
+        self._executable_cache_dir: str | None = read_cache_dir()
         self._execution_strategy: Any = None
+        self._ipus_per_replica: int | None = None
         self.Training = _TrainingOptions()
-        self.Distributed = _DistributedOptions()
+        self.Distributed = DistributedOptions()
         self.TensorLocations = _TensorLocationOptions()
         self.Jit = _JitOptions()
         self.Precision = _PrecisionOptions()
@@ -486,6 +589,14 @@ class Options(_OptionGroup):
     def executable_cache_dir(self) -> str | None:
         """Directory of the executable cache, or ``None``."""
         return self._executable_cache_dir
+
+    @property
+    def ipus_per_replica(self) -> int | None:
+        """Devices of one replica, or ``None``: as many as the model's stages name.
+
+        ``popdist.poptorch.Options`` sets it from the launch (``--ipus-per-replica``).
+        """
+        return self._ipus_per_replica
 
     @property
     def execution_strategy(self) -> Any:
@@ -595,116 +706,6 @@ class Options(_OptionGroup):
             )
         return self
 
-    def enableSyntheticData(self, enabled: bool) -> Options:
-        """Synthetic data would skip the host data: not available."""
-        if enabled:
-            raise UnsupportedOptionError(
-                "enableSyntheticData(True) is not supported: the executor always uses the "
-                "tensors you pass; build random tensors yourself to benchmark without I/O"
-            )
-        return self
-
-    def anchorTensor(self, *args: Any, **kwargs: Any) -> Options:
-        """Returning intermediate tensors is not available."""
-        raise UnsupportedOptionError(
-            "anchorTensor is not supported: return the tensor from forward() instead"
-        )
-
-    def enableProfiling(self, profile_dir: str | None = None) -> Options:
-        """PopVision profiles do not exist here."""
-        raise UnsupportedOptionError(
-            "enableProfiling is not supported: there is no PopVision profile; use "
-            "torch.profiler, or popdist_torch.pipeline.record_schedule() for a staged "
-            "model's schedule"
-        )
-
-    def loadFromFile(self, filepath: str) -> Options:
-        """PopTorch's option files are not read."""
-        raise UnsupportedOptionError(
-            f"loadFromFile({filepath!r}) is not supported: call the setters in Python "
-            "(opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
-        )
-
-    def from_json(self, string: str) -> Options:
-        """PopTorch's JSON option strings are not read."""
-        raise UnsupportedOptionError(
-            "from_json is not supported: call the setters in Python "
-            "(opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
-        )
-
-    # -- documented no-ops ------------------------------------------------------------
-    def showCompilationProgressBar(self, show: bool = True) -> Options:
-        """No-op: there is no compilation step to show."""
-        return self._no_op("showCompilationProgressBar", bool(show))
-
-    def logDir(self, log_dir: str) -> Options:
-        """No-op: the executor writes no compiler logs."""
-        return self._no_op("logDir", str(log_dir))
-
-    def logCycleCount(self, log_cycle_count: bool) -> Options:
-        """No-op: there are no device cycles to count."""
-        return self._no_op("logCycleCount", bool(log_cycle_count))
-
-    def useIpuModel(self, use_model: bool) -> Options:
-        """No-op: the executor always runs on the host's CPU (or GPU)."""
-        return self._no_op("useIpuModel", bool(use_model))
-
-    def useIpuId(self, ipu_id: int) -> Options:
-        """No-op: devices are chosen by the executor, not by id."""
-        return self._no_op("useIpuId", _positive_int("useIpuId", ipu_id, minimum=0))
-
-    def autoRoundNumIPUs(self, auto_round: bool) -> Options:
-        """No-op: any number of devices can be used."""
-        return self._no_op("autoRoundNumIPUs", bool(auto_round))
-
-    def connectionType(self, connection_type: Any) -> Options:
-        """No-op: there is no device connection to defer."""
-        return self._no_op("connectionType", int(connection_type))
-
-    def syncPattern(self, sync_pattern: Any) -> Options:
-        """No-op: there is no device/host sync pattern."""
-        return self._no_op("syncPattern", int(sync_pattern))
-
-    def setAvailableMemoryProportion(self, available_memory_proportion: Any) -> Options:
-        """No-op: there is no tile memory to plan."""
-        return self._no_op("setAvailableMemoryProportion", dict(available_memory_proportion))
-
-    def enableStableNorm(self, enabled: bool) -> Options:
-        """No-op: torch's norms are already computed stably."""
-        return self._no_op("enableStableNorm", bool(enabled))
-
-    def sourceLocationExcludes(self, excludes: list[str]) -> Options:
-        """No-op: there are no compiler source locations."""
-        return self._no_op("sourceLocationExcludes", list(excludes))
-
-    def appendToLocationExcludes(self, *excludes: str) -> Options:
-        """No-op: there are no compiler source locations."""
-        return self._no_op("appendToLocationExcludes", list(excludes))
-
-    def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:
-        """No-op: any torch optimizer is accepted as it is."""
-        return self._no_op("relaxOptimizerAttributesChecks", bool(relax))
-
-    def maxRepeatLogs(self, max_lines: int | None) -> Options:
-        """No-op: the executor writes no repeated compiler logs."""
-        return self._no_op("maxRepeatLogs", max_lines)
-
-    def modelName(self, name: str) -> Options:
-        """No-op: names nothing here (there is no compiled executable to name)."""
-        return self._no_op("modelName", str(name))
-
-    def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:
-        """No-op: the model runs on this host; there is no offline compilation target."""
-        return self._no_op("useOfflineIpuTarget", int(ipu_version))
-
-    def disableModuleNamescope(self) -> Options:
-        """No-op: there are no compiler name scopes."""
-        return self._no_op("disableModuleNamescope", True)
-
-    def updatableNamedBuffers(self, buffers: list[str]) -> Options:
-        """No-op: every buffer of the module is updatable already."""
-        return self._no_op("updatableNamedBuffers", list(buffers))
-
     # -- whole-object helpers ---------------------------------------------------------
     def _groups(self) -> tuple[_OptionGroup, ...]:
         return (
@@ -752,6 +753,7 @@ class Options(_OptionGroup):
             "output_return_period": self._output_return_period,
             "broadcast_buffers": self._broadcast_buffers,
             "executable_cache_dir": self._executable_cache_dir,
+            "ipus_per_replica": self._ipus_per_replica,
             "execution_strategy": repr(self._execution_strategy)
             if self._execution_strategy
             else None,
@@ -772,12 +774,3 @@ def _warn_anchor(old: str, new: str) -> None:
     warnings.warn(
         f"{old} is deprecated (PopTorch 2.4 renamed it): use {new}", FutureWarning, stacklevel=3
     )
-
-
-def _default_cache_dir() -> str | None:
-    """``POPTORCH_CACHE_DIR``, else poprun's ``--executable-cache-path``, else ``None``."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return os.environ[CACHE_DIR_ENV]
-    from popdist.env import read_run
-
-    return read_run().executable_cache_path

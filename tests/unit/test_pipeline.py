@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from popdist_torch._schedule import pipeline_ops, sharded_order
 from popdist_torch.pipeline import (
     BeginBlock,
     Block,
@@ -22,7 +21,9 @@ from popdist_torch.pipeline import (
     check_accumulation,
     chrome_trace,
     has_block_annotations,
+    pipeline_ops,
     record_schedule,
+    sharded_order,
 )
 
 pytestmark = pytest.mark.unit

@@ -5,17 +5,22 @@ The PopTorch surface: a model is split into *blocks* (``BeginBlock`` on a submod
 (``Stage("B1", "B2").ipu(0)``); a strategy (``PipelinedExecution`` or
 ``ShardedExecution``) says how the stages run on the replica's devices.  Here a device
 is a GPU when present, otherwise a CPU worker thread with its share of torch's
-intra-op threads.  ``StageRunner`` is the narrow interface the executor calls; the
-tracing and splitting live in :mod:`popdist_torch._stages`, the schedules and the
-worker threads in :mod:`popdist_torch._schedule`.
+intra-op threads.  ``StageRunner`` is the narrow interface the executor calls.
+
+This package's ``__init__`` is its only door: the annotations and strategies live in
+``blocks``, the tracing and splitting in ``stages``, the schedules and the worker threads in
+``schedule``, and nothing outside the package imports those modules.
 """
 
 from __future__ import annotations
 
-from popdist_torch._blocks import (
+from popdist_torch.enums import AutoStage
+from popdist_torch.pipeline.blocks import (
     BeginBlock,
     Block,
     BlockFunction,
+    BlocksPlaced,
+    ExecutionStrategy,
     ParallelPhasedExecution,
     Phase,
     PhasedExecution,
@@ -24,19 +29,27 @@ from popdist_torch._blocks import (
     SerialPhasedExecution,
     ShardedExecution,
     Stage,
-    _ExecutionStrategy,  # noqa: F401 - Options.setExecutionStrategy checks against it
     check_accumulation,
     has_block_annotations,
     removeBlocks,
+    watch_blocks,
 )
-from popdist_torch._schedule import StageEvent, StageRunner, chrome_trace, record_schedule
-from popdist_torch.enums import AutoStage
+from popdist_torch.pipeline.schedule import (
+    StageEvent,
+    StageRunner,
+    chrome_trace,
+    pipeline_ops,
+    record_schedule,
+    sharded_order,
+)
 
 __all__ = [
     "AutoStage",
     "BeginBlock",
     "Block",
     "BlockFunction",
+    "BlocksPlaced",
+    "ExecutionStrategy",
     "ParallelPhasedExecution",
     "Phase",
     "PhasedExecution",
@@ -50,6 +63,9 @@ __all__ = [
     "check_accumulation",
     "chrome_trace",
     "has_block_annotations",
+    "pipeline_ops",
     "record_schedule",
     "removeBlocks",
+    "sharded_order",
+    "watch_blocks",
 ]

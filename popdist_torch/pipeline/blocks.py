@@ -16,12 +16,9 @@ from typing import Any, Literal, TypeVar
 from torch import nn
 
 from popdist_torch.enums import AutoStage, Liveness
+from popdist_torch.errors import PipelineError
 
 _BEGIN_BLOCK_ATTR = "_popdist_begin_block"
-
-
-class PipelineError(ValueError):
-    """A model, its annotations or its strategy cannot be run as stages."""
 
 
 class _TraceState(threading.local):
@@ -42,7 +39,7 @@ class _TraceState(threading.local):
         self.__init__()  # type: ignore[misc]
 
 
-_trace_state = _TraceState()
+trace_state = _TraceState()
 
 
 class BlocksPlaced(BaseException):
@@ -61,7 +58,7 @@ def watch_blocks() -> Iterator[_TraceState]:
     such a model: the caller switches to ``PipelinedExecution(AutoStage.SameAsIpu)``); a
     ``Block`` without one sets ``unplaced_seen`` (the caller warns once).
     """
-    state = _trace_state
+    state = trace_state
     state.watching, state.unplaced_seen = True, False
     try:
         yield state
@@ -85,9 +82,9 @@ def _check_ipu_id(ipu_id: int | None, what: str) -> None:
         raise PipelineError(f"{what}: ipu_id={ipu_id!r} must be a non-negative integer")
 
 
-def _enter_block(name: str | None, ipu_id: int | None) -> str:
+def enter_block(name: str | None, ipu_id: int | None) -> str:
     """Make ``name`` the current block of the trace; returns the resolved name."""
-    state = _trace_state
+    state = trace_state
     if name is None:
         name = str(state.unnamed) if state.auto_ids else f"block{state.unnamed}"
         state.unnamed += 1
@@ -122,13 +119,13 @@ class Block:
         Call it at the top of ``forward``: unnamed, unplaced blocks are then named
         ``"0"``, ``"1"``... in the order they are entered.
         """
-        state = _trace_state
+        state = trace_state
         if state.tracing:
             state.unnamed = 0
             state.auto_ids = True
 
     def __enter__(self) -> Block:
-        state = _trace_state
+        state = trace_state
         if state.watching:
             if self.ipu_id is not None:
                 raise BlocksPlaced()
@@ -139,7 +136,7 @@ class Block:
                     f"Block({self.user_id!r}) opened inside Block({state.inside_context!r}); "
                     "blocks do not nest: close the outer block first"
                 )
-            state.inside_context = _enter_block(_block_name(self.user_id, self.ipu_id), self.ipu_id)
+            state.inside_context = enter_block(_block_name(self.user_id, self.ipu_id), self.ipu_id)
         return self
 
     def __exit__(
@@ -148,8 +145,8 @@ class Block:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if _trace_state.tracing:
-            _trace_state.inside_context = None
+        if trace_state.tracing:
+            trace_state.inside_context = None
 
 
 def BeginBlock(
@@ -256,7 +253,7 @@ def _as_stages(stages: Sequence[Any], kind: str) -> tuple[Stage, ...]:
     return tuple(out)
 
 
-class _ExecutionStrategy:
+class ExecutionStrategy:
     """Stages plus how they run; the executor reads ``stages``, ``kind`` and ``auto_stage``.
 
     With no stages, ``auto_stage`` says how blocks become stages (PopTorch's
@@ -285,7 +282,7 @@ class _ExecutionStrategy:
         return f"{type(self).__name__}({', '.join(map(repr, self.stages))})"
 
 
-class PipelinedExecution(_ExecutionStrategy):
+class PipelinedExecution(ExecutionStrategy):
     """Run the micro-batches of one step through the stages concurrently.
 
     With no stages, each block becomes a stage (on its ``ipu_id``, else on the next
@@ -307,7 +304,7 @@ class PipelinedExecution(_ExecutionStrategy):
         self.schedule: str = schedule
 
 
-class ShardedExecution(_ExecutionStrategy):
+class ShardedExecution(ExecutionStrategy):
     """Run one stage at a time (a debugging and reference strategy, no overlap).
 
     With no stages, each block becomes a stage.
@@ -416,7 +413,7 @@ class ParallelPhasedExecution(_PhasedExecution):
 PhasedExecution = SerialPhasedExecution
 
 
-def check_accumulation(strategy: _ExecutionStrategy | None, gradient_accumulation: int) -> None:
+def check_accumulation(strategy: ExecutionStrategy | None, gradient_accumulation: int) -> None:
     """Raise if pipelined training has fewer accumulation steps than stages.
 
     A pipeline of N stages only fills when at least N micro-batches flow through it
@@ -425,10 +422,10 @@ def check_accumulation(strategy: _ExecutionStrategy | None, gradient_accumulatio
     again by ``StageRunner``.
     """
     if isinstance(strategy, PipelinedExecution) and strategy.stages:
-        _check_depth(len(strategy.stages), gradient_accumulation)
+        check_depth(len(strategy.stages), gradient_accumulation)
 
 
-def _check_depth(num_stages: int, micro_batches: int) -> None:
+def check_depth(num_stages: int, micro_batches: int) -> None:
     if micro_batches < num_stages:
         raise PipelineError(
             f"gradient accumulation {micro_batches} is too small for {num_stages} pipeline "
