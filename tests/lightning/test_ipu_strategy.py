@@ -99,7 +99,12 @@ def test_logged_values_are_the_mean_over_replicas_and_match_the_cpu_trainer() ->
     ipu.fit(model)
     reference = Classifier(2 * MICRO)
     cpu = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=1, plugins=[plain_environment()], **QUIET
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        enable_checkpointing=False,
+        plugins=[plain_environment()],
+        **QUIET,
     )
     cpu.fit(reference)
     # The last update's loss (OutputMode.Final): the mean over the two replicas' micro-batches
