@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORUN  := $(VENV)/bin/poprun
 
-.PHONY: setup demo test test-unit test-launch test-parallel test-lightning lint bench clean
+.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-multihost lint bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -25,6 +25,10 @@ test-parallel: setup
 
 test-lightning: setup
 	$(PY) -m pytest tests/lightning tests/seeds/lightning -q
+
+test-multihost: setup
+	@$(PY) -m tests.multihost.hosts check || true
+	$(PY) -m pytest tests/multihost -q -rs
 
 lint: setup
 	$(VENV)/bin/ruff check poprun popdist popdist_torch popdist_lightning tests examples benchmarks

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,17 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             [PY, str(here / "lightning_strategy.py"), "--rounds", "5"],
             1200,
             "lightning-benchmark",
+        ),
+        # Across two namespace hosts with sshd (needs root; elsewhere it says why and skips).
+        "multihost": (
+            [PY, str(here / "multihost.py"), "--rounds", "7", "--allreduce-rounds", "3"],
+            900,
+            "multihost-benchmark",
+        ),
+        "output_throughput": (
+            [PY, str(here / "output_throughput.py"), "--rounds", "5", "--mb", "50"],
+            300,
+            "output-throughput",
         ),
         # The MLP's goals sit within this machine's launch-to-launch noise at 5 rounds:
         # only the cases they compare, with three times the rounds.
@@ -154,6 +166,31 @@ def _goal(rows: list[Row], goal: str, measured: str, ratio: float | None, ok: bo
             "—" if ok is None else ("**yes**" if ok else "**no**"),
         ]
     )
+
+
+def multihost_goals(goals: list[Row]) -> None:
+    """Issue 16's goal rows (across two namespace hosts), from its benchmark's JSON."""
+    mh = _load("multihost-benchmark")
+    if mh:
+        launch, ratios = mh["launch"], mh["ratios"]
+
+        def lm(name: str) -> float:
+            return float(launch[name]["median"])
+
+        r = ratios["poprun_vs_mpirun"]
+        _goal(goals, "issue 16: 2 hosts, poprun + popdist.init() ≤ 1.1× bare mpirun, same hosts",
+              f"{lm('poprun'):.3f} s vs {lm('mpirun'):.3f} s (without the ssh check "
+              f"{ratios['poprun_no_check_vs_mpirun']:.2f}×)", r, r <= 1.1)  # fmt: skip
+        r = ratios["poprun_vs_torchrun"]
+        _goal(goals, "issue 16: 2 hosts, poprun + popdist.init() < torchrun --nnodes 2 (c10d)",
+              f"{lm('poprun'):.3f} s vs {lm('torchrun --nnodes 2'):.3f} s", r, r < 1.0)  # fmt: skip
+        for size, data in mh["allreduce"].items():
+            r, bw = float(data["ratio"]), data["algbw"]
+            _goal(goals, f"issue 16: 2 hosts, gradient path / raw MPI_Allreduce, {int(size) >> 20} MB ≥ 0.9",
+                  f"{bw['horovod']:.3f} vs {bw['mpi4py']:.3f} GB/s (ratio: median per round)",
+                  r, r >= 0.9)  # fmt: skip
+    else:
+        _goal(goals, "issue 16: multi-host goals", "not measured (needs root)", None, None)
 
 
 def headline() -> tuple[list[Row], list[Row]]:
@@ -295,6 +332,8 @@ def headline() -> tuple[list[Row], list[Row]]:
                 tuning.append([f"training {model.upper()}, popdist_torch 2 instances (samples/s)",
                                f"{b:.0f}", f"{a:.0f}", f"{a / b:.2f}"])  # fmt: skip
 
+    multihost_goals(goals)
+
     pipe = _load("pipeline-benchmark")
     if pipe:
         r = float(pipe["ratio"])
@@ -312,6 +351,14 @@ def headline() -> tuple[list[Row], list[Row]]:
         r = float(lit["ratio"]["lightning_step_vs_raw_step"])
         _goal(goals, "issue 17: IPUStrategy step ≤ 1.5× a raw popdist_torch call",
               f"median of per-round ratios ({lit['rounds']} rounds)", r, r <= 1.5)  # fmt: skip
+    out = _load("output-throughput")
+    if out:
+        for shape, what in (("flood", "flood of 100-byte lines"), ("line", "single line")):
+            r, mb = float(out[shape]["ratio"]), out["mb"]
+            pop = statistics.median(out[shape]["stream_s"]["poprun"])
+            bare = statistics.median(out[shape]["stream_s"]["mpirun"])
+            _goal(goals, f"issue 18: poprun output throughput ≥ 0.8× bare mpirun, {mb} MB {what}",
+                  f"{mb / pop:.0f} vs {mb / bare:.0f} MB/s", r, r >= 0.8)  # fmt: skip
     return goals, tuning
 
 
@@ -335,6 +382,8 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
     ("Lightning: IPUStrategy against DDP and a raw loop", "lightning-benchmark", None),
+    ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
+    ("Output throughput: poprun against bare mpirun", "output-throughput", None),
 ]
 
 

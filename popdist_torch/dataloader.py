@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from torch.utils import data as tud
@@ -211,13 +211,73 @@ class DataLoader(tud.DataLoader[Any]):
             "batch": batch,
             "seed": self._plan.seed,
             "worker_seed": self._plan.worker_seed,
+            "topology": self._topology_record(),
         }
 
+    def _topology_record(self) -> dict[str, Any]:
+        """What decides which samples a combined batch holds: resuming needs the same."""
+        plan = self._plan
+        di, local, ga = plan.topology
+        return {
+            "processes": plan.num_processes if plan.auto else 1,
+            "local_replicas": local,
+            "device_iterations": di,
+            "gradient_accumulation": ga,
+            "batch_size": plan.batch_size,
+            "combined": plan.combined,
+            "num_samples": plan.num_samples,
+            "order": plan.order,
+            "shuffle": plan.shuffle,
+            "drop_last": plan.drop_last,
+        }
+
+    def _resume_batch(self, saved: Mapping[str, Any], batch: int) -> int:
+        """``batch`` (saved on ``saved``'s topology) as a batch index of this topology.
+
+        The same topology, or the start of an epoch: unchanged. The topology-invariant order
+        with a step boundary in common: the batch that starts at the same sample. Otherwise
+        resuming would skip or repeat samples: refused, with what to do.
+        """
+        current = self._topology_record()
+        if batch == 0 or dict(saved) == current:
+            return batch
+
+        def describe(t: Mapping[str, Any]) -> str:
+            return (
+                f"{t['processes']} process(es) × {t['local_replicas']} local replica(s), "
+                f"combined batch {t['combined']}, {t['order']} order"
+            )
+
+        same_data = all(
+            saved.get(key) == current[key] for key in ("num_samples", "shuffle", "drop_last")
+        )
+        if same_data and saved.get("order") == current["order"] == ORDER_TOPOLOGY_INVARIANT:
+            old_step = int(saved["combined"]) * int(saved["processes"])
+            new_step = int(current["combined"]) * int(current["processes"])
+            n = int(current["num_samples"])
+            shift_same = not current["shuffle"] or n % old_step == n % new_step
+            consumed = batch * old_step
+            if shift_same and consumed % new_step == 0:
+                return consumed // new_step
+        raise DataLoaderError(
+            f"DataLoader state was saved mid-epoch (batch {batch}) with {describe(saved)}; "
+            f"this DataLoader has {describe(current)}: resuming would skip or repeat samples. "
+            "Resume with the same topology, save at the end of an epoch, or use "
+            "order='topology_invariant' with global steps that divide each other"
+        )
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next ``__iter__`` start at the saved epoch and batch."""
+        """Make the next ``__iter__`` start at the saved epoch and batch.
+
+        A state saved with another topology (instances, replicas, batch sizes) resumes only
+        where the same samples follow: see :meth:`_resume_batch`.
+        """
         epoch, batch = int(state["epoch"]), int(state.get("batch", 0))
         if epoch < 0 or batch < 0:
             raise DataLoaderError(f"DataLoader state epoch={epoch}, batch={batch} must be >= 0")
+        saved = state.get("topology")
+        if saved is not None:
+            batch = self._resume_batch(saved, batch)
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None

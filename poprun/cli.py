@@ -106,6 +106,7 @@ def run(
     """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched)."""
     from poprun import config as cfg
     from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
+    from poprun.hosts import is_local
     from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
     from poprun.topology import render
 
@@ -149,6 +150,11 @@ def run(
     if config.dry_run:
         sys.stdout.write(quote(argv) + "\n")
         return 0
+    remote = [host for host in topology.hosts if not is_local(host)]
+    if remote and config.ssh_check:
+        from poprun import reach
+
+        reach.check(remote, config.global_args(), environ)
     from poprun.supervisor import supervise
 
     return supervise(config, topology, argv, mpirun_environment(config, environ))
@@ -195,6 +201,14 @@ def _fast_values(options: list[str]) -> dict[str, Any] | None:
     return values
 
 
+#: mpirun's spellings users reach for, and poprun's options that do the job.
+_MPIRUN_SPELLINGS = {
+    **dict.fromkeys(("-np", "--np", "-n", "-c"), "--num-instances (and --num-replicas)"),
+    **dict.fromkeys(("--hostfile", "-hostfile", "--machinefile", "-machinefile"), "--host-file"),
+    "-host": "-H/--host",
+}
+
+
 def normalise(args: list[str]) -> tuple[list[str], list[str]]:
     """Split ``args`` into (options in ``--name=value`` form, program and its arguments)."""
     table = spelling_table()
@@ -207,6 +221,14 @@ def normalise(args: list[str]) -> tuple[list[str], list[str]]:
             return options, args[i + 1 :]
         if not token.startswith("-") or token == "-":
             return options, args[i:]
+        mpirun_word = token.partition("=")[0]
+        if mpirun_word in _MPIRUN_SPELLINGS:
+            raise PoprunError(
+                mpirun_word,
+                None,
+                "is mpirun's option, not poprun's",
+                f"use {_MPIRUN_SPELLINGS[mpirun_word]}",
+            )
         if token.startswith("--"):
             name, eq, value = token.partition("=")
         elif len(token) > 2 and token[1] != "v":
@@ -252,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     from typer._click.exceptions import ClickException
     from typer.exceptions import Exit
 
+    if argv is None:  # the real command: closed or vanishing standard streams are no error
+        from poprun import console
+
+        console.install()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         options, program = normalise(args)

@@ -17,8 +17,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from popdist.env import BACKENDS
+from poprun import userfile
 from poprun.errors import PoprunError, read_user_file
 from poprun.hosts import is_local, parse_host_file, parse_host_list
+from poprun.mpiargs import check_mpi_args
 from poprun.options import (
     BY_KEY,
     FILE_KEYS,
@@ -27,6 +29,7 @@ from poprun.options import (
     parse_bool,
     split_words,
 )
+from poprun.paths import check_file_target, check_output_dir
 
 __all__ = ["RunConfig", "build", "check_export_path", "export_file", "load_file", "parse_bool"]
 
@@ -56,8 +59,11 @@ class RunConfig:
     executable_cache_path: str | None = None
     host_subnet: str | None = None
     timeout: float | None = None
+    max_restarts: int = 0
     allow_run_as_root: bool = False
     use_default_allocator: bool = False
+    #: Check that every remote host answers ssh before launching (``--ssh-check``).
+    ssh_check: bool = True
     verbose: int = 0
     vipu: tuple[tuple[str, str], ...] = ()
 
@@ -205,15 +211,37 @@ def _check_program(program: tuple[str, ...], environ: Mapping[str, str]) -> None
     if "/" in name:
         if not os.path.exists(name):
             raise PoprunError("program", name, "does not exist", "check the path")
-        if os.path.isdir(name) or not os.access(name, os.X_OK):
+        if os.path.isdir(name):
+            raise PoprunError("program", name, "is a directory", "give the program's file")
+        if not os.access(name, os.X_OK):
             raise PoprunError(
                 "program",
                 name,
                 "is not executable",
                 f"chmod +x {name}, or run it through its interpreter (python {name})",
             )
+        _check_exec_format(name)
     elif shutil.which(name, path=environ.get("PATH", os.defpath)) is None:
         raise PoprunError("program", name, "is not found on PATH", "give its path, or fix PATH")
+
+
+def _check_exec_format(name: str) -> None:
+    """An executable must be a binary or start with ``#!``: else mpirun's exec fails (ENOEXEC)
+    and a shell would run it as a shell script (a Python file without ``#!``)."""
+    try:
+        with open(name, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return  # unreadable but executable: let exec decide
+    if head.startswith(b"#!") or head == b"\x7fELF":
+        return
+    raise PoprunError(
+        "program",
+        name,
+        "cannot be executed: Exec format error (neither a binary nor a script with a #! line)",
+        f"add a first line such as '#!/usr/bin/env python3', or run it through its "
+        f"interpreter (python {name})",
+    )
 
 
 def load_file(path: str) -> dict[str, Any]:
@@ -223,7 +251,7 @@ def load_file(path: str) -> dict[str, Any]:
     import yaml  # only when a file is imported: keeps start-up light
 
     try:
-        data = yaml.safe_load(text)
+        data = userfile.load_yaml(option, path, text)  # aliases counted: no anchor bombs
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -242,6 +270,13 @@ def load_file(path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for raw_key, value in data.items():
         key = str(raw_key).strip().lstrip("-").replace("-", "_")
+        if key not in FILE_KEYS and key in BY_KEY:
+            raise PoprunError(
+                option,
+                path,
+                f"key {raw_key!r} is a poprun option of the command line only",
+                f"pass --{key.replace('_', '-')} on the command line, not in the file",
+            )
         if key not in FILE_KEYS:
             raise PoprunError(
                 option,
@@ -287,6 +322,12 @@ def build(
     only = values.get("only_output_from_instance")
     if only is not None:
         _check_instance("--only-output-from-instance", only, only, num_instances)
+    for key in ("mpi_global_args", "mpi_local_args"):
+        check_mpi_args(f"--{key.replace('_', '-')}", values.get(key, ()))
+    for _, words in instance_args:
+        check_mpi_args("--instance-mpi-local-args", words)
+    if values.get("output_dir") is not None:
+        check_output_dir("--output-dir", values["output_dir"], num_instances)
     # Remote-only runs cannot check the program here; the hosts must mirror local paths.
     if (require_program or program) and (not program or not hosts or any(map(is_local, hosts))):
         _check_program(program, environ)
@@ -328,3 +369,4 @@ def check_export_path(path: str, *, overwrite: bool) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise PoprunError(option, path, f"directory {parent} does not exist", "create it first")
+    check_file_target(option, path)

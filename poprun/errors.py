@@ -23,21 +23,15 @@ class PoprunError(ValueError):
         self.value = value
         self.problem = problem
         self.fix = fix
-        shown = option if value is None else f"{option}={value}"
+        text = str(value)
+        if len(text) > 120:  # one readable line, whatever the user pasted
+            text = f"{text[:100]}… ({len(text)} characters)"
+        shown = option if value is None else f"{option}={text}"
         super().__init__(f"{shown}: {problem}; fix: {fix}")
 
 
 def read_user_file(option: str, path: str, kind: str) -> str:
-    """The UTF-8 text of a file the user named with ``option``, or a :class:`PoprunError`.
+    """The text of a user-named file, read safely: see :func:`poprun.userfile.read_user_file`."""
+    from poprun import userfile
 
-    ``kind`` says what the file should be (``"a YAML file"``, ``"a host file"``).
-    """
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError as error:
-        raise PoprunError(
-            option, path, f"cannot read it ({error.strerror})", f"give a readable {kind}"
-        ) from None
-    except UnicodeDecodeError:
-        raise PoprunError(option, path, "is not UTF-8 text", "save it as UTF-8 text") from None
+    return userfile.read_user_file(option, path, kind)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import re
 import socket
 
-from poprun.errors import PoprunError, read_user_file
+from poprun.errors import PoprunError
+from poprun.userfile import read_user_file
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+#: The most hosts one job may list (ranges included): more is a typo, not a cluster.
+MAX_HOSTS = 65536
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -30,7 +35,8 @@ def _split_top_level(text: str) -> list[str]:
     return parts
 
 
-def _expand(item: str, option: str) -> list[str]:
+def _expand(item: str, option: str, room: int = MAX_HOSTS) -> list[str]:
+    """The host names ``item`` stands for; at most ``room`` of them, else an error."""
     fix = "write hosts as name or prefix[0-3,5] with ascending ranges, e.g. -H node[0-1],gpu7"
     match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]*)\]([^\[\]]*)", item)
     if match is None:
@@ -43,18 +49,40 @@ def _expand(item: str, option: str) -> list[str]:
                 "not a host name (letters, digits, '.', '-', '_'; poprun computes slots itself)",
                 fix,
             )
+        if room < 1:
+            raise PoprunError(
+                option,
+                item,
+                f"is one host more than {MAX_HOSTS}",
+                f"list at most {MAX_HOSTS} hosts",
+            )
         return [item]
     prefix, ranges, suffix = match.groups()
-    hosts: list[str] = []
+    bounds: list[tuple[int, int, int]] = []
+    count = 0
     for part in ranges.split(","):
         rng = _RANGE.match(part.strip())
         if rng is None:
             raise PoprunError(option, item, f"range part {part!r} is not N or N-M", fix)
         first, last = rng.group(1), rng.group(2) or rng.group(1)
+        if len(first) > 9 or len(last) > 9:
+            raise PoprunError(option, item, "a range bound has more than 9 digits", fix)
         if int(last) < int(first):
             raise PoprunError(option, item, f"range {part} runs backwards", fix)
         width = len(first) if first.startswith("0") and len(first) > 1 else 0
-        hosts.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(first), int(last) + 1))
+        bounds.append((int(first), int(last), width))
+        count += int(last) - int(first) + 1
+        if count > room:  # counted before anything is built: node[0-99999999] is one check
+            raise PoprunError(
+                option,
+                item,
+                f"stands for more than {MAX_HOSTS} hosts in all",
+                "check the range bounds (a typo adds digits); one job lists at most "
+                f"{MAX_HOSTS} hosts",
+            )
+    hosts: list[str] = []
+    for first_n, last_n, width in bounds:
+        hosts.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(first_n, last_n + 1))
     for host in hosts:
         if not _NAME.match(host):
             raise PoprunError(option, item, f"{host!r} is not a valid host name", fix)
@@ -71,7 +99,7 @@ def parse_host_list(values: list[str] | tuple[str, ...], option: str = "--host")
                 raise PoprunError(
                     option, value, "empty host name in the list", "remove the extra comma"
                 )
-            hosts.extend(_expand(item, option))
+            hosts.extend(_expand(item, option, MAX_HOSTS - len(hosts)))
     _refuse_duplicates(hosts, option)
     return tuple(hosts)
 
@@ -84,7 +112,7 @@ def parse_host_file(path: str) -> tuple[str, ...]:
     for line in text.splitlines():
         entry = line.split("#", 1)[0].strip()
         if entry:
-            hosts.extend(_expand(entry, option))
+            hosts.extend(_expand(entry, option, MAX_HOSTS - len(hosts)))
     if not hosts:
         raise PoprunError(
             option, path, "lists no hosts", "put one host a line (lines starting '#' are comments)"
@@ -107,8 +135,43 @@ def _refuse_duplicates(hosts: list[str], option: str, value: str | None = None) 
 
 
 def is_local(host: str) -> bool:
-    """Whether ``host`` names the machine poprun runs on."""
-    if host in {"localhost", "127.0.0.1", "::1"}:
+    """Whether ``host`` names the machine poprun runs on: its name or one of its addresses."""
+    if host == "localhost":
         return True
     name = socket.gethostname()
-    return host in {name, name.split(".", 1)[0]}
+    if host in {name, name.split(".", 1)[0]}:
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address in local_addresses()
+
+
+@functools.cache
+def local_addresses() -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """This machine's own IP addresses (its network namespace's), read from /proc, no lookups.
+
+    IPv4: the ``/32 host LOCAL`` entries of ``/proc/net/fib_trie``; IPv6: ``/proc/net/if_inet6``.
+    """
+    found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    try:
+        with open("/proc/net/fib_trie", encoding="ascii") as handle:
+            last = ""
+            for line in handle:
+                text = line.strip()
+                if text.startswith("|-- "):
+                    last = text[4:]
+                elif text.startswith("/32 host LOCAL") and last:
+                    found.add(ipaddress.IPv4Address(last))
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/net/if_inet6", encoding="ascii") as handle:
+            for line in handle:
+                fields = line.split()
+                if fields:
+                    found.add(ipaddress.IPv6Address(int(fields[0], 16)))
+    except (OSError, ValueError):
+        pass
+    return frozenset(found)

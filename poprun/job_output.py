@@ -33,6 +33,7 @@ class JobOutput:
         *,
         on_pid: Callable[[int, int], None],
         on_abort: Callable[[], None],
+        append: bool = False,
     ) -> None:
         self.config = config
         self.topology = topology
@@ -43,6 +44,7 @@ class JobOutput:
         self._files: list[BinaryIO] = []
         self._on_pid = on_pid
         self._on_abort = on_abort
+        self._append = append  # a restart adds to the files of the attempt before
         self._aborting = False
 
     def open_files(self) -> None:
@@ -66,7 +68,7 @@ class JobOutput:
             )
             file = None
             if self.config.output_dir is not None:
-                file = open_output_file(self.config.output_dir, instance, kind)
+                file = open_output_file(self.config.output_dir, instance, kind, append=self._append)
                 self._files.append(file)
             stderr = kind == "stderr"
             stream = InstanceStream(

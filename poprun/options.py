@@ -127,6 +127,10 @@ def parse_choice(choices: tuple[str, ...]) -> Parser:
     return parse
 
 
+#: The longest time-out the event loop can wait for (a 32-bit count of milliseconds).
+MAX_SECONDS = 2_147_483
+
+
 def parse_seconds(option: str, value: object) -> float:
     """A positive, finite number of seconds."""
     try:
@@ -135,6 +139,13 @@ def parse_seconds(option: str, value: object) -> float:
         seconds = float("nan")
     if seconds != seconds or seconds in (float("inf"), float("-inf")):
         raise PoprunError(option, value, "is not a number of seconds", "give e.g. --timeout 600")
+    if seconds > MAX_SECONDS:
+        raise PoprunError(
+            option,
+            value,
+            f"is more than {MAX_SECONDS} seconds (24.8 days), the longest wait poprun can set",
+            f"give at most {MAX_SECONDS}, or leave {option} out for no limit",
+        )
     if seconds <= 0:
         raise PoprunError(
             option,
@@ -336,10 +347,23 @@ OPTIONS: tuple[Option, ...] = (
         "end the job after SECONDS (exit 124)",
         attribute="timeout",
     ),
+    Option(
+        "max_restarts",
+        parse_index,
+        "N",
+        "relaunch the whole job up to N times after an instance fails (resume from a checkpoint)",
+        attribute="max_restarts",
+    ),
     _yes_no("allow_run_as_root", "let mpirun run as root"),
     _yes_no(
         "use_default_allocator",
         "leave glibc malloc at its defaults (poprun keeps freed memory in each instance)",
+    ),
+    _yes_no(
+        "ssh_check",
+        "before launching on other hosts, check each answers ssh [yes]",
+        in_file=False,
+        attribute="",
     ),
     *(
         _vipu(key)

@@ -53,10 +53,28 @@ class RunResult:
     exited_at_abort: tuple[int, ...] | None = None
     #: Whether poprun had to SIGKILL instances (or mpirun) after the grace period.
     escalated: bool = False
+    #: Instances on other hosts (poprun sees neither their pids nor their exits).
+    remote: tuple[int, ...] = ()
+    #: Processes the job left behind (an instance's children), which poprun killed.
+    left_behind: tuple[str, ...] = ()
+    #: mpirun's pid, and whether poprun itself SIGKILLed it.
+    mpirun_pid: int | None = None
+    mpirun_killed_by_poprun: bool = False
 
 
 def decide(result: RunResult) -> tuple[int, str]:
     """poprun's exit code and the report to print on stderr ("" when there is nothing to say)."""
+    code, report = _decide(result)
+    if result.left_behind:
+        note = (
+            f"poprun: killed what the instances left behind: {'; '.join(result.left_behind)} "
+            "(their children, still running after them or holding their output open)"
+        )
+        report = f"{report}\n{note}" if report else note
+    return code, report
+
+
+def _decide(result: RunResult) -> tuple[int, str]:
     if result.returncode is None:
         return EXIT_LAUNCH_FAILED, f"poprun: cannot start mpirun: {result.launch_error}"
     if result.signals:
@@ -67,7 +85,23 @@ def decide(result: RunResult) -> tuple[int, str]:
     if failure is not None and 0 <= failure.instance < len(result.instances):
         return _failed(result, failure)
     if result.returncode < 0:
-        return 128 - result.returncode, ""
+        code = 128 - result.returncode
+        if result.mpirun_killed_by_poprun:
+            return code, ""
+        pid = f" (pid {result.mpirun_pid})" if result.mpirun_pid is not None else ""
+        return code, (
+            f"poprun: mpirun{pid} was killed by {_signal_name(-result.returncode)} before "
+            f"the job ended; its instances were ended too; exit code {code}"
+        )
+    if result.returncode > 0 and result.mpirun_failure is None and result.remote:
+        # mpirun aborted without naming the process (it leaves the note out when an instance
+        # fails before all have started), and the instances here are not it.
+        where = ", ".join(f"{i} ({result.instances[i].host})" for i in result.remote)
+        return result.returncode, (
+            f"poprun: an instance on another host failed first with exit code "
+            f"{result.returncode}; mpirun did not say which (instances on other hosts: {where})\n"
+            f"poprun: ended every other instance of the job; exit code {result.returncode}"
+        )
     return result.returncode, ""
 
 
@@ -99,7 +133,8 @@ def root_cause(result: RunResult) -> Failure | None:
 
     An instance that raised (its error record, else its traceback) is the root cause even
     when another ended first: under Horovod an exception on one instance shuts the others
-    down, and those may exit before it. Otherwise mpirun's own note names the instance;
+    down, and those may exit before it. Of several that raised, one whose exception only
+    echoes a peer's failure (:func:`echoes_a_peer`) comes after the others. Otherwise mpirun's own note names the instance;
     when mpirun aborted without naming it, the last local instance to end before the abort
     did, and mpirun's status is its code.
     """
@@ -113,14 +148,37 @@ def root_cause(result: RunResult) -> Failure | None:
             failure = Failure(last, exit_code=code)
         else:  # mpirun itself was ended before it said: the status is not known
             failure = Failure(last, status_known=False)
-    raised = sorted((i.raised_at, i.index) for i in result.instances if i.raised_at is not None)
-    if raised and (failure is None or raised[0][1] != failure.instance):
-        first = raised[0][1]
+    raised = sorted(
+        (echoes_a_peer(i), i.raised_at, i.index)
+        for i in result.instances
+        if i.raised_at is not None
+    )
+    if raised and (failure is None or raised[0][2] != failure.instance):
+        first = raised[0][2]
         if failure is None:
             code = result.returncode or 0
             return Failure(first, exit_code=code if 0 < code <= 128 else 1)
         return Failure(first, failure.exit_code, failure.signal, failure.status_known)
     return failure
+
+
+#: What an instance raises when a *peer* failed and the collective backend shut down: such
+#: an exception is an echo, never the root cause while another instance raised too. (Across
+#: hosts the echo on the launch host often reaches poprun before the remote root cause.)
+PEER_FAILED = (
+    "Horovod has been shut down",  # Horovod, after an exception on another rank
+    "Connection closed by peer",  # gloo (torch.distributed), a peer exited
+    "Connection reset by peer",
+)
+
+
+def echoes_a_peer(instance: InstanceResult) -> bool:
+    """Whether the instance raised only because another one failed (see :data:`PEER_FAILED`)."""
+    if instance.error is not None:
+        text = instance.error.message
+    else:
+        text = "\n".join(instance.stderr_tail[-3:])
+    return any(phrase in text for phrase in PEER_FAILED)
 
 
 def _failed(result: RunResult, failure: Failure) -> tuple[int, str]:

@@ -25,8 +25,13 @@ from poprun.mpirun import PID_MARKER
 _TRACEBACK = b"Traceback (most recent call last):"
 _TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 _TAG_PREFIX = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]{0,7}>?)?)?)?")
-#: How many of an instance's last stderr lines the failure report quotes.
+#: How many of an instance's last stderr lines the failure report quotes...
 TAIL_LINES = 20
+#: ... and at most how many bytes of each (the end of a longer line).
+TAIL_LINE_BYTES = 4096
+#: A line longer than this goes to the console in pieces as it arrives (the first with the
+#: prefix), as mpirun forwards it: poprun's memory stays bounded whatever the program writes.
+OPEN_LINE_BYTES = 1 << 16
 RECORD_MARKER = MARKER.encode()
 
 
@@ -35,12 +40,39 @@ def prefix(instance: int, kind: str) -> bytes:
     return f"[1,{instance}]<{kind}>:".encode()
 
 
-def _held_tag_start(buf: bytes) -> int:
-    """Index from which ``buf``'s tail could be the start of a tag (``len(buf)`` if none)."""
-    start = buf.rfind(b"[", max(0, len(buf) - 32))
+def _held_tag_start(buf: bytes, pos: int = 0) -> int:
+    """Index from which ``buf[pos:]``'s tail could be the start of a tag (``len(buf)`` if none)."""
+    start = buf.rfind(b"[", max(pos, len(buf) - 32))
     if start >= 0 and _TAG_PREFIX.fullmatch(buf, start):
         return start
     return len(buf)
+
+
+#: How far ahead :func:`_same_tag_run` looks at first (it halves that on a mismatch).
+_RUN_WINDOW = 65536
+
+
+def _same_tag_run(buf: bytes, pos: int, tag: bytes) -> tuple[int, bytes]:
+    """A stretch from ``pos`` in which ``tag`` is the only tag and follows every line.
+
+    That is mpirun's framing of a burst of output from one stream (it tags every line and
+    every piece it forwards). Returns where the stretch ends (just after a ``\\n`` + ``tag``)
+    and its bytes with the tags taken out; ``(pos, b"")`` if no stretch passes the checks (a
+    line with no tag after it, another tag, tag-like text): the caller then goes line by
+    line. Every step is a C-speed pass over at most ``2 × _RUN_WINDOW`` bytes.
+    """
+    framed = b"\n" + tag
+    limit = min(len(buf), pos + _RUN_WINDOW)
+    while True:
+        last = buf.rfind(framed, pos, limit)
+        if last < 0:
+            return pos, b""
+        end = last + len(framed)
+        if buf.count(b"\n", pos, end) == buf.count(framed, pos, end):
+            stripped = buf[pos:end].replace(tag, b"")
+            if b"]<" not in stripped:
+                return end, stripped
+        limit = last
 
 
 @dataclass
@@ -51,6 +83,7 @@ class TagDemux:
     on_untagged: Callable[[bytes], None]
     _buf: bytes = b""
     _current: tuple[int, str] | None = None  # inside a tagged segment
+    _tag: bytes = b""  # the tag that opened it
 
     def feed(self, data: bytes) -> None:
         """Consume more bytes from the pipe."""
@@ -63,80 +96,143 @@ class TagDemux:
         self._buf = b""
 
     def _drain(self, *, final: bool) -> None:
+        # One pass with a position (slicing the rest off after every line would copy the
+        # buffer once per line), and consecutive segments of one stream handed on together:
+        # mpirun tags every line, and a call per line would cost more than the bytes.
         buf = self._buf
-        while buf:
+        pos = 0
+        size = len(buf)
+        run: list[bytes] = []
+        run_key: tuple[int, str] | None = None
+        newline = -2  # the next \n at or after pos (-1: none); -2: not looked for yet
+
+        def hand_on() -> None:
+            if run and run_key is not None:
+                self.on_instance(run_key[0], run_key[1], b"".join(run) if len(run) > 1 else run[0])
+            run.clear()
+
+        while pos < size:
             if self._current is None:
-                match = _TAG.match(buf)
+                match = _TAG.match(buf, pos)
                 if match:
                     kind = "stderr" if match.group(3) != b"stdout" else "stdout"
                     self._current = (int(match.group(2)), kind)
-                    buf = buf[match.end() :]
+                    self._tag = match.group(0)
+                    pos = match.end()
                     continue
-                if not final and _TAG_PREFIX.fullmatch(buf):
+                if not final and _TAG_PREFIX.fullmatch(buf, pos):
                     break  # maybe the start of a tag: wait for more
-                end = buf.find(b"\n")
+                end = buf.find(b"\n", pos)
                 if end < 0:
                     if not final:
                         break
-                    end = len(buf) - 1
-                self.on_untagged(buf[: end + 1])
-                buf = buf[end + 1 :]
+                    end = size - 1
+                hand_on()
+                self.on_untagged(buf[pos : end + 1])
+                pos = end + 1
                 continue
-            rank, kind = self._current
-            newline = buf.find(b"\n")
-            tag = _TAG.search(buf)
-            if tag is not None and (newline < 0 or tag.start() <= newline):
-                if tag.start():
-                    self.on_instance(rank, kind, buf[: tag.start()])
-                buf = buf[tag.start() :]
+            if self._current != run_key:
+                hand_on()
+                run_key = self._current
+            if newline != -1 and newline < pos:  # -1: none in the rest of the buffer
+                newline = buf.find(b"\n", pos)
+            if newline >= 0:
+                end, stripped = _same_tag_run(buf, pos, self._tag)
+                if end > pos:  # many lines of this stream in a row: one step, done in C
+                    run.append(stripped)
+                    pos = end
+                    continue
+            tag = _TAG.search(buf, pos, newline + 1 if newline >= 0 else size)
+            if tag is not None:
+                if tag.start() > pos:
+                    run.append(buf[pos : tag.start()])
+                pos = tag.start()
                 self._current = None
                 continue
             if newline >= 0:
-                self.on_instance(rank, kind, buf[: newline + 1])
-                buf = buf[newline + 1 :]
+                run.append(buf[pos : newline + 1])
+                pos = newline + 1
                 self._current = None
                 continue
-            keep = len(buf) if final else _held_tag_start(buf)
-            if keep:
-                self.on_instance(rank, kind, buf[:keep])
-            buf = buf[keep:]
+            keep = size if final else _held_tag_start(buf, pos)
+            if keep > pos:
+                run.append(buf[pos:keep])
+            pos = keep
             break
-        self._buf = buf
+        hand_on()
+        self._buf = buf[pos:] if pos else buf
 
 
 @dataclass
 class LineSplitter:
-    """Cut a byte stream into lines ending in ``\\n``, ``\\r\\n`` or ``\\r``."""
+    """Cut a byte stream into lines ending in ``\\n``, ``\\r\\n`` or ``\\r``.
 
-    _buf: bytes = b""
+    Linear in the bytes fed: each chunk is searched once (in C, by ``bytes.rfind`` and
+    ``bytes.splitlines``) and a line still open is kept as a list of pieces, never rescanned.
+    """
+
+    _parts: list[bytes] = field(default_factory=list)
+    #: The open line ended in ``\\r``: it may be the first half of ``\\r\\n``.
+    _cr: bool = False
 
     def feed(self, data: bytes) -> list[bytes]:
         """Complete lines (with their terminators) now available."""
-        self._buf += data
-        lines: list[bytes] = []
-        buf = self._buf
-        start = 0
-        i = 0
-        n = len(buf)
-        while i < n:
-            byte = buf[i]
-            if byte == 0x0A:
-                lines.append(buf[start : i + 1])
-                start = i + 1
-            elif byte == 0x0D:
-                if i + 1 == n:
-                    break  # a lone trailing \r may be the start of \r\n
-                end = i + 2 if buf[i + 1] == 0x0A else i + 1
-                lines.append(buf[start:end])
-                start = end
-                i = end - 1
-            i += 1
-        self._buf = buf[start:]
-        return lines
+        return self.feed_text(data).splitlines(keepends=True)  # bytes: only \n, \r\n, \r
+
+    def feed_text(self, data: bytes) -> bytes:
+        """The complete lines now available, as one block (empty if none)."""
+        if not data:
+            return b""
+        head = b""
+        if self._cr:
+            self._cr = False
+            crlf = data[:1] == b"\n"
+            self._parts.append(b"\r\n" if crlf else b"\r")
+            head = b"".join(self._parts)
+            self._parts = []
+            if crlf:
+                data = data[1:]
+        end = len(data)
+        if data.endswith(b"\r"):
+            end -= 1  # a trailing \r is held back until the next byte shows what it ends
+            self._cr = True
+        cut = max(data.rfind(b"\n", 0, end), data.rfind(b"\r", 0, end)) + 1
+        if cut == 0:
+            if end:
+                self._parts.append(data[:end])
+            return head
+        if self._parts:
+            self._parts.append(data[:cut])
+            head += b"".join(self._parts)
+            complete = head
+        else:
+            complete = head + data[:cut] if head else (data if cut == len(data) else data[:cut])
+        self._parts = [data[cut:end]] if cut < end else []
+        return complete
+
+    def take_open(self, limit: int) -> bytes:
+        """The open line so far if it holds more than ``limit`` bytes (it is then consumed).
+
+        A line that never ends must not be held whole: the caller writes it out in pieces.
+        """
+        if len(self._parts) > 1 or (self._parts and len(self._parts[0]) > limit):
+            size = sum(len(part) for part in self._parts)
+            if size > limit:
+                text = b"".join(self._parts)
+                self._parts = []
+                return text
+            if len(self._parts) > 64:
+                self._parts = [b"".join(self._parts)]
+        return b""
+
+    def pending(self) -> bytes:
+        """The open line (no terminator yet), without consuming it."""
+        return b"".join(self._parts) + (b"\r" if self._cr else b"")
 
     def flush(self) -> bytes:
         """Whatever is left (a last line without a terminator)."""
-        rest, self._buf = self._buf, b""
+        rest = self.pending()
+        self._parts, self._cr = [], False
         return rest
 
 
@@ -159,6 +255,8 @@ class InstanceStream:
     _marker_pending: bytes | None = None
     #: When this stream first showed a Python traceback (monotonic seconds), if ever.
     traceback_at: float | None = None
+    #: The console already has the start of the open line (see :data:`OPEN_LINE_BYTES`).
+    _mid_line: bool = False
 
     def __post_init__(self) -> None:
         if self.on_pid is not None:
@@ -170,9 +268,18 @@ class InstanceStream:
             data = self._strip_marker(data)
             if not data:
                 return
-        lines = self.splitter.feed(data)
-        if lines:
-            self._emit(lines)
+        text = self.splitter.feed_text(data)
+        if text:
+            self._emit(text)
+        part = self.splitter.take_open(OPEN_LINE_BYTES)
+        if part:
+            if self.file is not None:
+                self.file.write(part)
+            if self.console is not None:
+                self.console.write(
+                    part if self._mid_line else prefix(self.instance, self.kind) + part
+                )
+            self._mid_line = True
 
     def close(self) -> None:
         """End of the run: emit the last partial line with a newline added."""
@@ -182,32 +289,74 @@ class InstanceStream:
         self._marker_pending = None
         rest = self.splitter.flush()
         if rest:
-            self._emit([rest + b"\n"], raw=rest)
+            self._emit(rest + b"\n", raw=rest)
         if self.file is not None:
             self.file.flush()
 
     def tail_text(self) -> list[str]:
         """The last lines of this stream, decoded for the failure report."""
         lines = [*self.tail]
-        pending = self.splitter._buf
+        pending = self.splitter.pending()
         if pending:
             lines.append(pending)
         return [line.decode("utf-8", "replace").rstrip("\r\n") for line in lines][-TAIL_LINES:]
 
-    def _emit(self, lines: list[bytes], raw: bytes | None = None) -> None:
-        if self.on_record is not None:
-            lines = [line for line in lines if not self._is_record(line)]
-        if self.file is not None:  # the file keeps the bytes as written (``raw``: no newline added)
-            self.file.write(b"".join(lines) if raw is None or not lines else raw)
-        for line in lines:
-            if line.endswith(b"\n") or not line.endswith(b"\r"):
-                self.tail.append(line)
-            if self.traceback_at is None and line.startswith(_TRACEBACK):
-                self.traceback_at = time.monotonic()
-        if self.console is not None:
-            head = prefix(self.instance, self.kind)
-            # A bare carriage return (progress bars start with one) needs no prefix of its own.
-            self.console.write(b"".join(line if line == b"\r" else head + line for line in lines))
+    def _emit(self, text: bytes, raw: bytes | None = None) -> None:
+        """Complete lines: records out, file copy, stderr tail and traceback watch, console.
+
+        ``raw``: what the file gets instead of ``text`` (the last line, without the newline
+        added for the console).
+        """
+        if self.on_record is not None and RECORD_MARKER in text:
+            kept = [line for line in text.splitlines(keepends=True) if not self._is_record(line)]
+            text = b"".join(kept)
+            if not text:
+                return
+            raw = None
+        if self.file is not None:  # the file keeps the bytes as written
+            self.file.write(text if raw is None else raw)
+        plain = b"\r" not in text  # every line ends in \n: the common case, done in C
+        if self.kind == "stderr":  # what the failure report quotes
+            self._watch(text, plain)
+        if self.console is None:
+            self._mid_line = False
+            return
+        head = prefix(self.instance, self.kind)
+        if plain:
+            out = text[:-1].replace(b"\n", b"\n" + head) + b"\n"
+            if not self._mid_line:
+                out = head + out
+        else:
+            # A bare carriage return (progress bars start with one) needs no prefix.
+            out = b"".join(
+                line if line == b"\r" or (i == 0 and self._mid_line) else head + line
+                for i, line in enumerate(text.splitlines(keepends=True))
+            )
+        self._mid_line = False
+        self.console.write(out)
+
+    def _watch(self, text: bytes, plain: bool) -> None:
+        """Keep the last lines for the failure report; note when a traceback starts."""
+        if plain:
+            start = len(text) - 1
+            for _ in range(TAIL_LINES):
+                start = text.rfind(b"\n", 0, start)
+                if start < 0:
+                    break
+            lines = text[start + 1 :].splitlines(keepends=True)
+        else:
+            lines = [
+                line
+                for line in text.splitlines(keepends=True)
+                if line.endswith(b"\n") or not line.endswith(b"\r")
+            ]
+        if max(map(len, lines), default=0) > TAIL_LINE_BYTES:
+            lines = [line[-TAIL_LINE_BYTES:] for line in lines]
+        self.tail.extend(lines)
+        if self.traceback_at is None and (
+            text.startswith(_TRACEBACK) or b"\n" + _TRACEBACK in text or b"\r" + _TRACEBACK in text
+        ):
+            self.traceback_at = time.monotonic()
 
     def _is_record(self, line: bytes) -> bool:
         """Hand a structured error record line to ``on_record`` (it is data, not output)."""
@@ -238,8 +387,12 @@ class InstanceStream:
         return pending[end + 1 :]
 
 
-def open_output_file(directory: str, instance: int, kind: str) -> BinaryIO:
-    """``DIR/instance-<i>.<stdout|stderr>``, created with the umask (never world-writable)."""
+def open_output_file(directory: str, instance: int, kind: str, *, append: bool = False) -> BinaryIO:
+    """``DIR/instance-<i>.<stdout|stderr>``, created with the umask (never world-writable).
+
+    ``append``: a restarted job (``--max-restarts``) adds to the failed attempt's output.
+    """
     path = os.path.join(directory, f"instance-{instance}.{kind}")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    keep = os.O_APPEND if append else os.O_TRUNC
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | keep | os.O_CLOEXEC, 0o644)
     return os.fdopen(fd, "wb", buffering=0)

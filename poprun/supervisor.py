@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from poprun import log
+from poprun import leftovers, log
 from poprun.config import RunConfig
 from poprun.hosts import is_local
 from poprun.job_output import JobOutput
@@ -35,23 +35,48 @@ from poprun.topology import Topology
 #: After the first failure, a signal or the time-out: how long mpirun gets to end the job
 #: itself before poprun SIGKILLs every instance it knows on this host...
 GRACE_S = 1.5
+#: ... or, when some instances run on other hosts, this long: mpirun needs about 2 s to end
+#: a multi-host job (its daemons there end their instances and report back over ssh), and
+#: poprun cannot kill remote instances itself.
+REMOTE_GRACE_S = 5.0
 #: ... and how long mpirun then gets, once its instances are killed, before it is killed too.
 MPIRUN_GRACE_S = 0.8
 #: Once mpirun has exited: how long its pipes may stay open (held by a stray grandchild).
 DRAIN_S = 1.0
+#: Once every instance has exited while mpirun has not: how long mpirun gets to end before
+#: poprun kills what the instances left behind (a child holding their output open keeps
+#: mpirun waiting for ever).
+ORPHAN_GRACE_S = 2.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Job control: Ctrl-Z stops the instances with poprun, ``fg``/``bg`` continues them.
+_JOB_CONTROL = (signal.SIGTSTP, signal.SIGCONT)
 PR_SET_PDEATHSIG = 1
 
 
 def supervise(
     config: RunConfig, topology: Topology, argv: Sequence[str], env: Mapping[str, str]
 ) -> int:
-    """Run the job, print the report :func:`~poprun.outcome.decide` gives, return the code."""
-    code, report = decide(Supervisor(config, topology, argv, env).run())
-    if report:
-        sys.stderr.write(report + "\n")
+    """Run the job, print the report :func:`~poprun.outcome.decide` gives, return the code.
+
+    With ``--max-restarts N``, a job that failed (not one ended by a signal poprun received,
+    nor by ``--timeout``) is launched again, up to N times; the program resumes from its
+    checkpoint (``popdist_torch.checkpoint.resume_checkpoint``).
+    """
+    attempt = 0
+    while True:
+        result = Supervisor(config, topology, argv, env, attempt=attempt).run()
+        code, report = decide(result)
+        if report:
+            sys.stderr.write(report + "\n")
+        if code == 0 or attempt >= config.max_restarts or result.signals or result.timed_out:
+            sys.stderr.flush()
+            return code
+        attempt += 1
+        sys.stderr.write(
+            f"poprun: the job failed with exit code {code}: restarting the job "
+            f"(restart {attempt} of {config.max_restarts})\n"
+        )
         sys.stderr.flush()
-    return code
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -80,12 +105,16 @@ class Supervisor:
         topology: Topology,
         argv: Sequence[str],
         env: Mapping[str, str],
+        *,
+        attempt: int = 0,
     ) -> None:
         self.config = config
         self.topology = topology
         self.argv = list(argv)
         self.env = dict(env)
-        self.output = JobOutput(config, topology, on_pid=self._watch_pid, on_abort=self._aborted)
+        self.output = JobOutput(
+            config, topology, on_pid=self._watch_pid, on_abort=self._aborted, append=attempt > 0
+        )
         self.exited: list[int] = []  # local instances in the order they ended
         self._signals: list[int] = []
         self._kill_at: float | None = None
@@ -96,6 +125,16 @@ class Supervisor:
         self._selector: selectors.BaseSelector | None = None
         self._pidfds: dict[int, int] = {}  # pidfd -> instance (local instances only)
         self._exited_at_abort: list[int] | None = None
+        remote = any(not is_local(plan.host) for plan in topology.instances)
+        self.grace_s = REMOTE_GRACE_S if remote else GRACE_S
+        self._pgids: dict[int, int] = {}  # instance -> its own process group (local ones)
+        self._job_control: list[int] = []
+        self._orphans_at: float | None = None
+        self._left_behind: list[str] = []
+        self._segments: set[str] = set()  # Open MPI segments of instances killed by poprun
+        self._mpirun_killed = False
+        self._mpirun_pid: int | None = None
+        self._not_ours: set[int] = set()
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -105,10 +144,14 @@ class Supervisor:
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
-        previous = {sig: signal.getsignal(sig) for sig in _FORWARDED}
+        leftovers.become_subreaper()  # orphans of the job re-parent here, not to init
+        self._not_ours = set(leftovers.children(os.getpid()))  # a caller's own children
+        previous = {sig: signal.getsignal(sig) for sig in _JOB_CONTROL}
         old_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
         for sig in _FORWARDED:
             signal.signal(sig, self._record_signal)
+        for sig in _JOB_CONTROL:
+            signal.signal(sig, self._record_job_control)
         started = time.monotonic()
         try:
             try:
@@ -123,9 +166,12 @@ class Supervisor:
             except OSError as error:
                 return self._result(None, launch_error=str(error))
             log.info(f"Waiting for mpirun (PID {proc.pid})")
+            self._mpirun_pid = proc.pid
             returncode = self._loop(proc, wake_r, started)
         finally:
             signal.set_wakeup_fd(old_wakeup)
+            # SIGINT/SIGTERM/SIGHUP keep poprun's recording handler: one that arrives now,
+            # as poprun ends, must not turn its exit code into death by that signal.
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             wake_r.close()
@@ -145,10 +191,17 @@ class Supervisor:
             mpirun_failure=self.output.messages.failure,
             exited_at_abort=None if self._exited_at_abort is None else tuple(self._exited_at_abort),
             escalated=self._escalated,
+            remote=tuple(p.index for p in self.topology.instances if not is_local(p.host)),
+            left_behind=tuple(self._left_behind),
+            mpirun_pid=self._mpirun_pid,
+            mpirun_killed_by_poprun=self._mpirun_killed,
         )
 
     def _record_signal(self, signum: int, frame: object) -> None:
         self._signals.append(signum)
+
+    def _record_job_control(self, signum: int, frame: object) -> None:
+        self._job_control.append(signum)
 
     def _watch_pid(self, instance: int, pid: int) -> None:
         """A local instance's pidfd tells the loop when it ends, in order (not its status)."""
@@ -161,11 +214,16 @@ class Supervisor:
             return
         self._pidfds[pidfd] = instance
         self._selector.register(pidfd, selectors.EVENT_READ)
+        with contextlib.suppress(OSError):  # Open MPI gives each instance its own group
+            pgid = os.getpgid(pid)
+            if pgid == pid:
+                self._pgids[instance] = pgid
 
     def _aborted(self) -> None:
-        """mpirun announced it is aborting the job: it gets :data:`GRACE_S` to finish."""
+        """mpirun announced it is aborting the job: it gets :data:`GRACE_S` to finish
+        (:data:`REMOTE_GRACE_S` with instances on other hosts)."""
         self._exited_at_abort = list(self.exited)
-        self._kill_at = time.monotonic() + GRACE_S
+        self._kill_at = time.monotonic() + self.grace_s
 
     def _loop(self, proc: subprocess.Popen[bytes], wake: socket.socket, started: float) -> int:
         assert proc.stdout is not None and proc.stderr is not None
@@ -185,17 +243,26 @@ class Supervisor:
         handled = 0
         try:
             while demux:
-                waits = [t for t in (deadline, self._kill_at, drain_until) if t is not None]
+                waits = [
+                    t
+                    for t in (deadline, self._kill_at, drain_until, self._orphans_at)
+                    if t is not None
+                ]
                 timeout = max(0.0, min(waits) - time.monotonic()) if waits else None
                 for key, _ in selector.select(timeout):
                     if key.fd == pidfd:
                         returncode = proc.wait()
                         selector.unregister(pidfd)
                         drain_until = time.monotonic() + DRAIN_S
+                        self._kill_left_behind(keep=set())  # they may hold the pipes open
                     else:
                         self._on_ready(key.fd, demux, wake)
                 sys.stdout.flush()
                 sys.stderr.flush()
+                while self._job_control:
+                    stopped_for = self._job_control_step(self._job_control.pop(0))
+                    if deadline is not None:
+                        deadline += stopped_for  # --timeout counts running time only
                 for signum in self._signals[handled:]:
                     self._forward(proc, signum, first=handled == 0)
                     handled += 1
@@ -204,6 +271,7 @@ class Supervisor:
                     deadline = None
                 if returncode is None:
                     self._escalate(proc)
+                    self._watch_for_orphans(proc)
                 if drain_until is not None and time.monotonic() >= drain_until:
                     break  # mpirun is gone; a pipe kept open by a stray grandchild is not ours
             if returncode is None:
@@ -215,7 +283,73 @@ class Supervisor:
             proc.stdout.close()
             proc.stderr.close()
             self._reap_local_instances()
+            self._kill_left_behind(keep={proc.pid} if proc.poll() is None else set())
+            if self._mpirun_killed:
+                removed = leftovers.remove_session_files(proc.pid, self.env, self._segments)
+                for path in removed:
+                    log.info(f"removed {path}, left by the killed mpirun")
         return returncode
+
+    # --- what the instances leave behind, job control -----------------------------------------
+
+    def _watch_for_orphans(self, proc: subprocess.Popen[bytes]) -> None:
+        """All instances (all local) exited but mpirun runs on: a child holds their output."""
+        local = [p for p in self.topology.instances if is_local(p.host)]
+        if len(local) != len(self.topology.instances) or len(self.exited) < len(local):
+            return
+        now = time.monotonic()
+        if self._orphans_at is None:
+            self._orphans_at = now + ORPHAN_GRACE_S
+        elif now >= self._orphans_at:
+            self._orphans_at = None
+            log.info("every instance has exited but mpirun has not: ending what they left")
+            self._kill_left_behind(keep={proc.pid})
+
+    def _kill_left_behind(self, keep: set[int]) -> None:
+        """SIGKILL and reap, by pid, every process the job left under poprun; remember them."""
+        keep = keep | self._not_ours
+        found = leftovers.left_behind(keep)
+        if not found:
+            return
+        described = leftovers.describe(found)
+        killed = leftovers.kill_and_reap(keep)
+        log.info(f"killed what the job left behind: {described}")
+        if killed:
+            self._left_behind.append(described)
+
+    def _job_control_step(self, signum: int) -> float:
+        """Ctrl-Z: stop the instances, then poprun itself; on SIGCONT, continue them.
+
+        Returns how long poprun was stopped (the time-out does not count it).
+        """
+        if signum != signal.SIGTSTP:
+            self._signal_instance_groups(signal.SIGCONT)
+            return 0.0
+        log.info("received SIGTSTP: stopping the instances and poprun")
+        self._signal_instance_groups(signal.SIGSTOP)
+        began = time.monotonic()
+        os.kill(os.getpid(), signal.SIGSTOP)  # a shell sees poprun stopped; fg continues it
+        stopped_for = time.monotonic() - began
+        log.info("continued: continuing the instances")
+        self._signal_instance_groups(signal.SIGCONT)
+        return stopped_for
+
+    def _signal_instance_groups(self, signum: int) -> None:
+        """Signal each live local instance's process group (it and its children), by id.
+
+        The groups are those of the instances whose pid poprun knows and of mpirun's other
+        children (an instance whose pid line has not arrived yet is one of them).
+        """
+        groups = set(self._pgids[i] for i in self._pgids if i not in self.exited)
+        own = {os.getpgid(0)}
+        if self._mpirun_pid is not None:
+            own.add(self._mpirun_pid)  # mpirun leads its own session and group
+            for child in leftovers.children(self._mpirun_pid):
+                with contextlib.suppress(OSError):
+                    groups.add(os.getpgid(child))
+        for pgid in groups - own:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signum)
 
     def _on_ready(self, fd: int, demux: dict[int, TagDemux], wake: socket.socket) -> None:
         """One ready descriptor: an instance's pidfd, the signal wake-up, or an output pipe."""
@@ -255,10 +389,16 @@ class Supervisor:
             log.info(f"received {name}: forwarding it to mpirun (PID {proc.pid})")
             self._send(proc, signum)
             self._signal_local_instances(signal.SIGTERM)
-            self._kill_at = time.monotonic() + GRACE_S
+            self._kill_at = time.monotonic() + self.grace_s
         else:
-            log.info(f"received {name} again: killing the job now")
-            self._kill_everything(proc)
+            # The instances go at once; mpirun gets MPIRUN_GRACE_S to see them end and remove
+            # its session files before it is killed too (see _escalate).
+            log.info(f"received {name} again: killing the instances now")
+            self._remember_segments()
+            self._signal_instance_groups(signal.SIGKILL)
+            self._signal_local_instances(signal.SIGKILL)
+            self._instances_killed = True
+            self._kill_at = time.monotonic() + MPIRUN_GRACE_S
 
     def _time_out(self, proc: subprocess.Popen[bytes]) -> None:
         self._timed_out = True
@@ -266,7 +406,7 @@ class Supervisor:
         log.info(f"--timeout={self.config.timeout:g} expired: ending the job")
         self._send(proc, signal.SIGTERM)
         self._signal_local_instances(signal.SIGTERM)
-        self._kill_at = time.monotonic() + GRACE_S
+        self._kill_at = time.monotonic() + self.grace_s
 
     def _escalate(self, proc: subprocess.Popen[bytes]) -> None:
         """Past the grace period: SIGKILL the local instances, and later mpirun too."""
@@ -281,6 +421,7 @@ class Supervisor:
         # First the instances, by pid: mpirun then sees them end, reports the first
         # failure's status and exits by itself, in well under a second.
         log.info("the job did not end in time: sending SIGKILL to the instances")
+        self._remember_segments()
         self._signal_local_instances(signal.SIGKILL)
         self._instances_killed = True
         self._kill_at = now + MPIRUN_GRACE_S
@@ -303,9 +444,18 @@ class Supervisor:
 
     def _kill_everything(self, proc: subprocess.Popen[bytes]) -> None:
         log.info("the job did not end in time: sending SIGKILL to mpirun and its instances")
+        self._remember_segments()
+        self._mpirun_killed = True  # its session files are poprun's to remove
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # mpirun's own session: ours alone
         self._reap_local_instances()
+
+    def _remember_segments(self) -> None:
+        """Before killing: the shared-memory files the live local instances have mapped."""
+        for plan in self.topology.instances:
+            pid = self.output.pids.get(plan.index)
+            if pid is not None and is_local(plan.host):
+                self._segments |= leftovers.segments_of(pid)
 
     def _signal_local_instances(self, signum: int) -> None:
         """Signal, by pid, every live instance on this host (mpirun then ends the job at once)."""

@@ -18,7 +18,12 @@ import pytest
 import torch
 
 from popdist_torch import optim
-from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from popdist_torch.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 from popdist_torch.dataloader import DataLoader
 from popdist_torch.options import Options
 
@@ -158,7 +163,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path: Path) ->
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     last = int(printed[-1]) if printed else 0
-    state = torch.load(path, weights_only=True)
+    state = read_checkpoint(path)
     version = state["extra"]["version"]
     assert version in (last, last + 1)  # +1: that save completed before the kill landed
     assert state["step"] == version
@@ -167,3 +172,114 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path: Path) ->
     # the killed writer's temporary file is cleaned up by the next save
     save_checkpoint(path, model=net())
     assert not list(tmp_path.glob(".ckpt.pt.tmp-*"))
+
+
+def _damage(path: Path, needle: bytes, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    at = data.find(needle)
+    assert at > 0, "the weights' bytes are stored as they are"
+    if how == "flip":
+        data[at + 1] ^= 0x04
+    else:
+        data[at : at + len(needle)] = bytes(len(needle))
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["flip", "zero"])
+def test_damaged_weights_are_refused_not_loaded(tmp_path: Path, how: str) -> None:
+    model = net()
+    with torch.no_grad():
+        model[0].weight.fill_(1.2345)
+    save_checkpoint(tmp_path / "c.pt", model=model)
+    _damage(tmp_path / "c.pt", torch.full((15,), 1.2345).numpy().tobytes(), how)
+    fresh = net()
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(CheckpointError, match="damaged"):
+        load_checkpoint(tmp_path / "c.pt", model=fresh)
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
+
+
+def test_extra_with_numpy_paths_namespaces_and_dates_round_trips(tmp_path: Path) -> None:
+    import argparse
+    import datetime
+
+    extra = {
+        "scalar": np.float32(0.5),
+        "count": np.int64(7),
+        "array": np.arange(6, dtype=np.int16).reshape(2, 3),
+        "path": Path("/data/run1"),
+        "args": argparse.Namespace(lr=0.1, name="x", out=Path("o")),
+        "when": datetime.datetime(2026, 11, 23, 21, 0, 5, tzinfo=datetime.UTC),
+        "day": datetime.date(2026, 1, 2),
+        "took": datetime.timedelta(seconds=90.5),
+        "tags": {"a", "b"},
+        "nested": [{"lr": np.float64(1e-3)}, (np.bool_(True), "s")],
+    }
+    save_checkpoint(tmp_path / "c.pt", model=net(), extra=extra)
+    got = load_checkpoint(tmp_path / "c.pt", model=net())["extra"]
+    assert got.keys() == extra.keys()
+    assert type(got["scalar"]) is np.float32 and got["scalar"] == 0.5
+    assert type(got["count"]) is np.int64 and got["count"] == 7
+    assert got["array"].dtype == np.int16 and (got["array"] == extra["array"]).all()
+    assert got["path"] == extra["path"] and got["args"] == extra["args"]
+    assert got["when"] == extra["when"] and got["day"] == extra["day"]
+    assert got["took"] == extra["took"] and got["tags"] == {"a", "b"}
+    assert got["nested"][0]["lr"] == 1e-3 and got["nested"][1][0] is np.True_
+
+
+class Opaque:
+    pass
+
+
+def test_extra_that_cannot_load_back_is_refused_at_save(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="could not be loaded back weights-only"):
+        save_checkpoint(tmp_path / "c.pt", model=net(), extra={"thing": Opaque()})
+    with pytest.raises(TypeError, match=r"extra\['a'\] is a NumPy array of Python objects"):
+        save_checkpoint(tmp_path / "c.pt", model=net(), extra={"a": np.array([object()])})
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_full_disk_raises_checkpoint_error_and_keeps_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    save_checkpoint(tmp_path / "c.pt", model=net(), step=1)
+    old = (tmp_path / "c.pt").read_bytes()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointError, match="No space left on device; the previous checkpoint"):
+        save_checkpoint(tmp_path / "c.pt", model=net(), step=2)
+    monkeypatch.undo()
+    assert (tmp_path / "c.pt").read_bytes() == old
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary left behind
+
+
+def test_a_directory_as_the_checkpoint_path(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="is a directory: give the checkpoint file's path"):
+        load_checkpoint(tmp_path, model=net())
+    with pytest.raises(CheckpointError, match="is a directory; give a file path"):
+        save_checkpoint(tmp_path, model=net())
+
+
+def test_the_saving_topology_is_recorded(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path / "c.pt", model=net())
+    topology = read_checkpoint(tmp_path / "c.pt")["topology"]
+    assert topology == {"instances": 1, "replicas": 1, "local_replicas": 1}
+
+
+def test_resuming_a_data_order_on_another_topology_is_refused(tmp_path: Path) -> None:
+    data = torch.utils.data.TensorDataset(torch.arange(64))
+    loader = DataLoader(Options().randomSeed(1).replicationFactor(4), data, batch_size=2)
+    it = iter(loader)
+    next(it)
+    save_checkpoint(tmp_path / "c.pt", model=net(), dataloader=loader)
+    other = DataLoader(Options().randomSeed(1).replicationFactor(2), data, batch_size=2)
+    model = net()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"cannot resume.*skip or repeat samples"):
+        load_checkpoint(tmp_path / "c.pt", model=model, dataloader=other)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -439,3 +439,50 @@ def test_iteration_leaves_the_global_generator_alone() -> None:
     torch.manual_seed(0)
     next(iter(loader))
     assert torch.equal(torch.rand(1), expected)
+
+
+def _epoch_rest(loader: DataLoader) -> list[int]:
+    return [i for batch in loader for i in batch.tolist()]
+
+
+def test_resume_on_another_topology_mid_epoch_is_refused() -> None:
+    # 1 instance × 4 replicas saved after 2 of 8 combined batches, resumed as 2 × 4:
+    # PopTorch's order would hand out other samples (16 skipped, 16 repeated). Refused.
+    saver = DataLoader(make_options(0, 1, replicas=4, seed=1), Indices(128), batch_size=4,
+                       shuffle=True)  # fmt: skip
+    it = iter(saver)
+    next(it), next(it)
+    state = saver.state_dict()
+    assert state["topology"]["processes"] == 1 and state["topology"]["local_replicas"] == 4
+    wider = DataLoader(make_options(1, 2, replicas=4, seed=1), Indices(128), batch_size=4,
+                       shuffle=True)  # fmt: skip
+    with pytest.raises(ValueError, match=r"mid-epoch \(batch 2\).*skip or repeat samples"):
+        wider.load_state_dict(state)
+    same = DataLoader(make_options(0, 1, replicas=4, seed=1), Indices(128), batch_size=4,
+                      shuffle=True)  # fmt: skip
+    same.load_state_dict(state)  # the same topology resumes as before
+    assert len(_epoch_rest(same)) == 128 - 32
+
+
+def test_resume_on_another_topology_is_exact_with_the_topology_invariant_order() -> None:
+    def loader(pid: int, processes: int) -> DataLoader:
+        return DataLoader(make_options(pid, processes, replicas=4, seed=1), Indices(128),
+                          batch_size=4, shuffle=True, order="topology_invariant")  # fmt: skip
+
+    saver = loader(0, 1)
+    it = iter(saver)
+    seen = [i for _ in range(2) for i in next(it).tolist()]
+    state = saver.state_dict()
+    rest = [_epoch_rest(_resumed(loader(pid, 2), state)) for pid in range(2)]
+    assert sorted(seen + rest[0] + rest[1]) == list(range(128))  # none skipped, none twice
+    odd = DataLoader(make_options(0, 1, replicas=4, seed=1), Indices(128), batch_size=4,
+                     shuffle=True, order="topology_invariant")  # fmt: skip
+    it = iter(odd)
+    next(it)  # 16 samples consumed: not a whole step of 2 × 4 replicas (32)
+    with pytest.raises(ValueError, match="skip or repeat"):
+        loader(0, 2).load_state_dict(odd.state_dict())
+
+
+def _resumed(loader: DataLoader, state: dict) -> DataLoader:
+    loader.load_state_dict(state)
+    return loader

@@ -7,6 +7,7 @@ launched (a fake mpirun first on PATH records any call) and no file written.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import stat
 import sys
@@ -19,6 +20,15 @@ from poprun.cli import main
 
 pytestmark = pytest.mark.unit
 
+
+def _bomb(levels: int) -> str:
+    """A YAML flow list whose aliases expand to 9**levels values."""
+    names = "abcdefghi"[:levels]
+    parts = ["&a [x, x, x, x, x, x, x, x, x]"]
+    parts += [f"&{n} [{', '.join(['*' + p] * 9)}]" for p, n in itertools.pairwise(names)]
+    return "[" + ", ".join(parts) + f", *{names[-1]}]"
+
+
 FILES = {
     "empty.hosts": "# nothing here\n\n",
     "dup.hosts": "node0\nnode1 # second\nnode0\n",
@@ -29,6 +39,12 @@ FILES = {
     "exists.yaml": "num-replicas: 1\n",
     "notexec.sh": "#!/bin/sh\n",
     "a-file": "",
+    "bomb.yaml": f"num-replicas: {_bomb(6)}\n",
+    "vipu-bomb.yaml": f"vipu-partition: {_bomb(6)}\n",
+    "self.yaml": "num-replicas: &a [1, *a]\n",
+    "big.hosts": "node0\n" + "#" * (2 << 20) + "\n",
+    "dryrun.yaml": "dry-run: yes\n",
+    "noshebang.py": "print('hello')\n",
 }
 
 #: (case, argv, words the one-line message must contain)
@@ -182,12 +198,73 @@ CASES: list[tuple[str, list[str], list[str]]] = [
         ["--host-subnet", "10.0.0.0/99", "true"],
         ["--host-subnet=10.0.0.0/99", "CIDR"],
     ),
-]
+    (
+        "host range of 100 million hosts",
+        ["-H", "node[0-99999999]", "true"],
+        ["--host=node[0-99999999]", "more than 65536 hosts"],
+    ),
+    (
+        "host ranges over the host limit together",
+        ["-H", "a[0-40000]", "-H", "b[0-40000]", "true"],
+        ["--host=b[0-40000]", "more than 65536 hosts"],
+    ),
+    (
+        "host range number of 5000 digits",
+        ["-H", "n[0-" + "9" * 5000 + "]", "true"],
+        ["more than 9 digits", "(5005 characters)"],
+    ),
+    ("host file /dev/zero", ["--host-file", "/dev/zero", "true"], ["not a regular file"]),
+    ("host file is a FIFO", ["--host-file", "hosts.fifo", "true"], ["not a regular file"]),
+    ("host file over 1 MiB", ["--host-file", "big.hosts", "true"], ["larger than 1 MiB"]),
+    ("YAML file /dev/zero", ["--import-config", "/dev/zero", "true"], ["not a regular file"]),
+    ("YAML file is a FIFO", ["--import-config", "config.fifo", "true"], ["not a regular file"]),
+    ("YAML file is a directory", ["--import-config", "fakebin", "true"], ["is a directory"]),
+    (
+        "YAML alias bomb in a value",
+        ["--import-config", "bomb.yaml", "true"],
+        ["--import-config=bomb.yaml", "expands to more than 100000 values"],
+    ),
+    (
+        "YAML alias bomb in a V-IPU key",
+        ["--import-config", "vipu-bomb.yaml", "true"],
+        ["expands to more than 100000 values"],
+    ),
+    ("YAML alias to itself", ["--import-config", "self.yaml", "true"], ["refers to itself"]),
+    ("YAML key of the command line only", ["--import-config", "dryrun.yaml", "true"],
+     ["'dry-run' is a poprun option of the command line only", "--dry-run"]),
+    ("timeout too long for the event loop", ["--timeout", "2147484", "true"],
+     ["--timeout=2147484", "more than 2147483 seconds"]),
+    ("output dir under a file", ["--output-dir", "a-file/logs", "true"],
+     ["is a file, so the directory cannot be created"]),
+    ("output dir in /proc", ["--output-dir", "/proc/self/logs", "true"], ["kernel file system"]),
+    ("output dir with a directory for a file",
+     ["--num-instances", "2", "--num-replicas", "2", "--output-dir", "outdir", "true"],
+     ["instance-1.stderr is a directory"]),
+    ("export config into /proc", ["--export-config", "/proc/self/run.yaml", "true"],
+     ["--export-config=/proc/self/run.yaml", "kernel file system"]),
+    ("mpirun's -np", ["-np", "2", "true"], ["-np: is mpirun's option", "--num-instances"]),
+    ("mpirun's --hostfile", ["--hostfile", "h", "true"], ["use --host-file"]),
+    ("stray word in MPI args", ["--mpi-local-args", "echo", "true"],
+     ["--mpi-local-args=echo", "'echo' is not an mpirun option"]),
+    ("-np in MPI args", ["--mpi-global-args", "-np 4", "true"],
+     ["--mpi-global-args=-np 4", "use poprun's --num-instances"]),
+    ("-H in MPI args", ["--mpi-global-args=-H a,b", "true"], ["use poprun's --host or --host-file"]),
+    ("--app in MPI args", ["--mpi-global-args=--app f", "true"], ["poprun writes the app contexts"]),
+    ("POPDIST variable in MPI args", ["--mpi-local-args=-x POPDIST_NUM_INSTANCES=3", "true"],
+     ["leave POPDIST_* to poprun"]),
+    ("program is a directory", ["./fakebin"], ["program=./fakebin: is a directory"]),
+    ("program without #! line", ["./noshebang.py"],
+     ["Exec format error", "#!/usr/bin/env python3"]),
+]  # fmt: skip
 
 
 def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, *, with_mpirun: bool = True) -> Path:
     for name, text in FILES.items():
         (tmp / name).write_text(text)
+    for name in ("hosts.fifo", "config.fifo"):  # no writer: reading one would block forever
+        os.mkfifo(tmp / name)
+    (tmp / "noshebang.py").chmod(0o755)  # executable, but no #! line
+    (tmp / "outdir" / "instance-1.stderr").mkdir(parents=True)
     fake = tmp / "fakebin"
     fake.mkdir()
     if with_mpirun:
@@ -216,6 +293,7 @@ def test_bad_input_exits_2_with_one_clear_line(
     assert code == 2, (case, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("poprun: error: "), err
+    assert len(lines[0]) < 600, lines[0][:600]  # a line to read, not a dump of the value
     assert "fix:" in lines[0] and "Traceback" not in err
     for word in words:
         assert word in lines[0], (word, lines[0])
@@ -239,7 +317,9 @@ def _table() -> str:  # pragma: no cover - docs generator
                 _, _, err = run_case(argv)
             finally:
                 mp.undo()
-        shown = " ".join(a for a in argv if a != "--mpirun-missing")
+        shown = " ".join(
+            a if len(a) < 60 else a[:30] + "…" for a in argv if a != "--mpirun-missing"
+        )
         cmd = f"`poprun {shown}`" + (" (no mpirun on PATH)" if "--mpirun-missing" in argv else "")
         message = err.strip().replace("|", "\\|")
         rows.append(f"| {case} | {cmd.replace('|', chr(92) + '|')} | `{message}` |")

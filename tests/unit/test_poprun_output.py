@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import io
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
 
 import pytest
 
+from poprun import output
 from poprun.output import InstanceStream, LineSplitter, TagDemux
 from poprun.report import MpirunMessages
 
@@ -127,3 +133,97 @@ def test_signal_message_and_unrelated_box() -> None:
         *messages.feed_line("-" * 74),
     ]
     assert "Some other trouble" in shown
+
+
+def _line_events(fn: Callable[[], object], budget: int) -> int:
+    """How many Python lines of poprun.output ``fn`` executes; raises past ``budget``."""
+    count = 0
+
+    def tracer(frame: FrameType, event: str, arg: object) -> object:
+        nonlocal count
+        if frame.f_code.co_filename != output.__file__:
+            return None
+        if event == "line":
+            count += 1
+            if count > budget:
+                raise AssertionError(f"more than {budget} lines executed: not linear")
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_a_long_line_without_newline_is_not_rescanned() -> None:
+    # The work per chunk must not grow with the open line: 400 chunks of 10 kB (4 MB of
+    # one line) may cost a few dozen Python lines each, not one per byte held.
+    splitter = LineSplitter()
+    got: list[bytes] = []
+
+    def feed_all() -> None:
+        for _ in range(400):
+            got.extend(splitter.feed(b"x" * 10_000))
+        got.extend(splitter.feed(b"end\r\n"))
+
+    _line_events(feed_all, budget=400 * 30)
+    assert got == [b"x" * 4_000_000 + b"end\r\n"]
+    assert splitter.flush() == b""
+
+
+def test_a_flood_of_short_lines_costs_per_chunk_not_per_line() -> None:
+    splitter = LineSplitter()
+    chunk = b"".join(b"line %05d\n" % i for i in range(5000))
+    got: list[bytes] = []
+    _line_events(lambda: got.extend(splitter.feed(chunk)), budget=50)
+    assert got == chunk.splitlines(keepends=True)
+
+
+def test_tag_demux_hands_on_a_tagged_flood_in_one_piece() -> None:
+    # mpirun tags every line: one call per line would cost more than the bytes themselves.
+    lines = [b"[1,0]<stdout>:" + b"y" * 200 + b"\n" for _ in range(500)]
+    seen: list[bytes] = []
+    demux = TagDemux(lambda rank, kind, data: seen.append(data), lambda data: None)
+    _line_events(lambda: demux.feed(b"".join(lines)), budget=500 * 40)
+    assert seen == [b"".join(line[len(b"[1,0]<stdout>:") :] for line in lines)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_line_splitter_agrees_with_splitlines_in_any_chunking(seed: int) -> None:
+    rng = random.Random(seed)
+    whole = bytes(rng.choice(b"ab\r\n") for _ in range(rng.randrange(0, 300)))
+    splitter = LineSplitter()
+    got: list[bytes] = []
+    pos = 0
+    while pos < len(whole):
+        step = rng.randrange(0, 12)
+        got += splitter.feed(whole[pos : pos + step])
+        pos += step
+    rest = splitter.flush()
+    assert got + ([rest] if rest else []) == whole.splitlines(keepends=True)
+
+
+def test_a_line_longer_than_the_limit_streams_with_one_prefix() -> None:
+    console = io.BytesIO()
+    stream = InstanceStream(2, "stdout", console)
+    piece = b"z" * 10_000
+    for _ in range(20):  # 200 kB of one line: it reaches the console before it ends
+        stream.feed(piece)
+    shown = console.getvalue()
+    assert shown.startswith(b"[1,2]<stdout>:z") and len(shown) > output.OPEN_LINE_BYTES
+    assert len(stream.splitter.pending()) <= output.OPEN_LINE_BYTES  # bounded memory
+    stream.feed(b"end\nnext\n")
+    stream.close()
+    assert console.getvalue() == b"[1,2]<stdout>:" + piece * 20 + b"end\n[1,2]<stdout>:next\n"
+
+
+def test_a_restart_appends_to_the_output_files(tmp_path: Path) -> None:
+    for append, text in ((False, b"first attempt\n"), (True, b"second attempt\n")):
+        handle = output.open_output_file(str(tmp_path), 0, "stdout", append=append)
+        handle.write(text)
+        handle.close()
+    assert (tmp_path / "instance-0.stdout").read_bytes() == b"first attempt\nsecond attempt\n"
+    output.open_output_file(str(tmp_path), 0, "stdout").close()  # a new job starts afresh
+    assert (tmp_path / "instance-0.stdout").read_bytes() == b""

@@ -1,0 +1,176 @@
+"""Issue 18: no hang, no orphan, no traceback. Real poprun → real mpirun → tiny scripts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.launch.test_poprun_launch import (
+    POPRUN,
+    assert_no_descendants,
+    poprun,
+    start,
+    wait_for_line,
+)
+
+pytestmark = pytest.mark.launch
+
+TWO = ("--num-replicas", "2", "--num-instances", "2")
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """The rest of ``proc``'s output; on time-out its session is killed and the test fails."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"poprun outlived {timeout} s:\n{out[-2000:]}\n{err[-2000:]}")
+
+
+def _state(pid: int) -> str:
+    """The process state letter of ``pid`` ("" if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def test_a_child_holding_the_output_open_does_not_hang_the_job() -> None:
+    # The instances exit 0 at once; each leaves a sleeper holding its stdout (bare mpirun
+    # would wait for it forever).
+    proc = start(*TWO, "sh", "-c", "sleep 300 & echo bg $!")
+    out, err = _finish(proc, timeout=40)
+    assert proc.returncode == 0, err
+    left = [int(line.split()[-1]) for line in out.splitlines() if ":bg " in line]
+    assert len(left) == 2, out
+    assert "left behind" in err and all(str(pid) in err for pid in left), err
+    assert all(_state(pid) in ("", "Z") for pid in left)
+    assert_no_descendants()
+
+
+@pytest.mark.parametrize("how", ["background", "setsid"])
+def test_grandchildren_do_not_survive_the_job(how: str) -> None:
+    launch = "setsid sleep 300" if how == "setsid" else "sleep 300"
+    result = poprun(*TWO, "sh", "-c", f"{launch} </dev/null >/dev/null 2>&1 & echo bg $!")
+    assert result.returncode == 0, result.stderr
+    left = [int(line.split()[-1]) for line in result.stdout.splitlines() if "bg " in line]
+    assert len(left) == 2, result.stdout
+    assert "left behind" in result.stderr
+    assert_no_descendants()
+
+
+def test_a_closed_reader_ends_output_quietly_and_the_job_runs_on(tmp_path: Path) -> None:
+    marker = tmp_path / "finished"
+    script = f"for i in $(seq 2000); do echo line $i; done; sleep 0.5; touch {marker}.$POPDIST_INSTANCE_INDEX"
+    proc = subprocess.Popen(
+        [*POPRUN, *TWO, "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"[1,")  # like `| head -1`
+    proc.stdout.close()
+    try:
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=40)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert code == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert marker.with_suffix(".0").exists() and marker.with_suffix(".1").exists()
+    assert_no_descendants()
+
+
+@pytest.mark.parametrize("closed", ["stdout", "stderr", "both"])
+def test_a_closed_standard_stream_at_start_is_not_an_error(closed: str, tmp_path: Path) -> None:
+    redirect = {"stdout": ">&-", "stderr": "2>&-", "both": ">&- 2>&-"}[closed]
+    cmd = " ".join([*POPRUN, *TWO, "--output-dir", str(tmp_path / "out"), "sh", "-c", "'echo hi'"])
+    shell = subprocess.run(
+        ["sh", "-c", f"{cmd} {redirect}; echo rc=$?"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert shell.stdout.strip().endswith("rc=0"), (shell.stdout, shell.stderr)
+    assert "Traceback" not in shell.stderr and "Error" not in shell.stderr, shell.stderr
+    for i in range(2):  # the job ran: its output still reached the files
+        assert (tmp_path / "out" / f"instance-{i}.stdout").read_text() == "hi\n"
+    assert_no_descendants()
+
+
+def test_ctrl_z_suspends_the_instances_and_fg_resumes_them(tmp_path: Path) -> None:
+    script = "echo pid $$; i=0; while [ $i -lt 80 ]; do i=$((i+1)); sleep 0.05; done; echo done"
+    proc = start(*TWO, "sh", "-c", script)
+    assert proc.stdout is not None and proc.stderr is not None
+    pids = []
+    for line in proc.stdout:
+        if "pid " in line:
+            pids.append(int(line.split()[-1]))
+            if len(pids) == 2:
+                break
+    proc.send_signal(signal.SIGTSTP)
+    deadline = time.monotonic() + 10
+    while not all(_state(pid) == "T" for pid in [proc.pid, *pids]):
+        assert time.monotonic() < deadline, [_state(p) for p in [proc.pid, *pids]]
+        time.sleep(0.02)  # polling /proc for the state, not a synchronisation
+    time.sleep(0.3)  # stopped for a while: the instances make no progress meanwhile
+    assert all(_state(pid) == "T" for pid in pids)
+    proc.send_signal(signal.SIGCONT)
+    out, err = _finish(proc, timeout=40)
+    assert proc.returncode == 0, err
+    assert out.count("done") == 2
+    assert_no_descendants()
+
+
+def test_a_double_ctrl_c_exits_130_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    env = {"TMPDIR": str(tmp_path), "OMPI_MCA_btl_vader_backing_directory": str(tmp_path)}
+    for _ in range(4):  # it used to end by SIGINT about one time in four
+        proc = start(*TWO, sys.executable, "-c", "print('up', flush=True); import time; time.sleep(60)",
+                     env=env)  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        wait_for_line(proc.stdout, "up", 2)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)  # a person pressing twice; mpirun is ending the job meanwhile
+        proc.send_signal(signal.SIGINT)
+        _, err = _finish(proc, timeout=30)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err, err
+        assert_no_descendants()
+        assert list(tmp_path.iterdir()) == [], "Open MPI's session files were left behind"
+
+
+def test_a_killed_mpirun_is_reported(tmp_path: Path) -> None:
+    proc = start(*TWO, "-vv", "sh", "-c", "echo up; exec sleep 60")
+    assert proc.stdout is not None and proc.stderr is not None
+    wait_for_line(proc.stdout, "up", 2)
+    mpirun = [
+        int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    ]
+    assert len(mpirun) == 1
+    os.kill(mpirun[0], signal.SIGKILL)
+    _, err = _finish(proc, timeout=30)
+    assert proc.returncode == 137, err
+    assert "mpirun" in err and "SIGKILL" in err, err
+    assert_no_descendants()
+
+
+def test_an_instance_exiting_2_is_told_apart_from_a_usage_error() -> None:
+    result = poprun(*TWO, "sh", "-c", '[ "$POPDIST_INSTANCE_INDEX" = 1 ] && exit 2; exec sleep 60')
+    assert result.returncode == 2
+    assert "poprun: instance 1 failed first: exit code 2" in result.stderr, result.stderr
+    assert "poprun: error:" not in result.stderr
+    assert_no_descendants()

@@ -1,0 +1,73 @@
+"""poprun's own streams: closed at start, or closed by the reader, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from poprun import leftovers
+from poprun.console import QuietFd
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_writer_whose_reader_went_away_goes_quiet() -> None:
+    read, write = os.pipe()
+    os.close(read)
+    quiet = QuietFd(write)
+    try:
+        assert quiet.write(b"x" * 100) == 100  # EPIPE: dropped, no exception
+        assert quiet.reader_gone
+        assert quiet.write(b"more") == 4  # and from now on into /dev/null
+    finally:
+        os.close(write)
+
+
+CHILD = """
+import sys
+from poprun import console
+console.install()
+for i in range(20000):
+    print("line", i)
+print("still here", file=sys.stderr)
+sys.stderr.flush()
+"""
+
+
+def test_install_survives_a_closed_reader_and_closed_fds() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # `| head -1`
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0, err
+    assert err == "still here\n"
+    closed = subprocess.run(
+        ["sh", "-c", f'"{sys.executable}" -c \'{CHILD}\' >&- 2>&-; echo rc=$?'],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert closed.stdout == "rc=0\n", closed
+
+
+def test_leftovers_are_found_killed_and_reaped() -> None:
+    assert leftovers.become_subreaper()
+    others = set(leftovers.children(os.getpid()))  # never touch what was here before
+    # A shell that starts a sleeper and exits: the sleeper is re-parented here.
+    shell = subprocess.run(["sh", "-c", "sleep 30 & echo $!"], capture_output=True, text=True)
+    orphan = int(shell.stdout)
+    deadline = time.monotonic() + 5
+    while orphan not in leftovers.children(os.getpid()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert orphan in leftovers.left_behind(keep=others)
+    assert "(sleep)" in leftovers.describe([orphan])
+    assert orphan in leftovers.kill_and_reap(keep=others)
+    assert not os.path.exists(f"/proc/{orphan}")  # killed and reaped: no zombie either
