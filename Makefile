@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORUN  := $(VENV)/bin/poprun
 
-.PHONY: setup demo test test-unit test-launch test-parallel test-multihost lint bench clean
+.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-multihost lint bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -23,13 +23,16 @@ test-launch: setup
 test-parallel: setup
 	$(PY) -m pytest tests/parallel -q
 
+test-lightning: setup
+	$(PY) -m pytest tests/lightning tests/seeds/lightning -q
+
 test-multihost: setup
 	@$(PY) -m tests.multihost.hosts check || true
 	$(PY) -m pytest tests/multihost -q -rs
 
 lint: setup
-	$(VENV)/bin/ruff check poprun popdist popdist_torch tests examples benchmarks
-	$(VENV)/bin/ruff format --check poprun popdist popdist_torch
+	$(VENV)/bin/ruff check poprun popdist popdist_torch popdist_lightning tests examples benchmarks
+	$(VENV)/bin/ruff format --check poprun popdist popdist_torch popdist_lightning
 	$(VENV)/bin/mypy
 
 bench: setup

@@ -74,6 +74,11 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             "training-throughput",
         ),
         "pipeline": ([PY, str(here / "pipeline.py"), "--rounds", "5"], 120, "pipeline-benchmark"),
+        "lightning": (
+            [PY, str(here / "lightning_strategy.py"), "--rounds", "5"],
+            1200,
+            "lightning-benchmark",
+        ),
         # Across two namespace hosts with sshd (needs root; elsewhere it says why and skips).
         "multihost": (
             [PY, str(here / "multihost.py"), "--rounds", "7", "--allreduce-rounds", "3"],
@@ -334,6 +339,18 @@ def headline() -> tuple[list[Row], list[Row]]:
         r = float(pipe["ratio"])
         _goal(goals, "issue 8: pipelined ≥ 1.5× sharded", f"{r:.2f}×", r, r >= 1.5)
 
+    lit = _load("lightning-benchmark")
+    if lit:
+        r = float(lit["ratio"]["ipu_2_vs_ddp_2"])
+        strict = float(lit["ratio"]["ipu_2_vs_ddp_2_one_thread"])
+        raw2 = lit["ratio"].get("ipu_2_vs_raw_2")
+        beside = f"; against the raw popdist_torch loop: {raw2:.2f}" if raw2 else ""
+        _goal(goals, "issue 17: IPUStrategy 2 instances ≥ 1.2× Lightning DDP (gloo) 2 processes",
+              f"median of per-round ratios ({lit['rounds']} rounds); against DDP with 1 thread "
+              f"per process: {strict:.2f}{beside}", r, r >= 1.2)  # fmt: skip
+        r = float(lit["ratio"]["lightning_step_vs_raw_step"])
+        _goal(goals, "issue 17: IPUStrategy step ≤ 1.5× a raw popdist_torch call",
+              f"median of per-round ratios ({lit['rounds']} rounds)", r, r <= 1.5)  # fmt: skip
     out = _load("output-throughput")
     if out:
         for shape, what in (("flood", "flood of 100-byte lines"), ("line", "single line")):
@@ -364,6 +381,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Training throughput", "training-throughput", "training-throughput.png"),
     ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
+    ("Lightning: IPUStrategy against DDP and a raw loop", "lightning-benchmark", None),
     ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
 ]

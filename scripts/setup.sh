@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One-command, idempotent, non-interactive set-up of everything the project needs:
 #   Open MPI (Debian packages), .venv (Python 3.11) with torch 2.13.0 (CPU) and the
-#   project in editable mode with its extras, and Horovod 0.28.1 built from its sdist
-#   with the C++17 patch into a wheel cached outside the repository; as root, openssh-server
-#   and iproute2 for the multi-host test tier.
+#   project in editable mode with its extras (examples, dev, lightning), and Horovod
+#   0.28.1 built from its sdist with the C++17 patch into a wheel cached outside the
+#   repository; as root, openssh-server and iproute2 for the multi-host test tier.
 # A second run only checks: it takes seconds and rebuilds nothing.
 set -euo pipefail
 
@@ -78,9 +78,9 @@ ensure_venv() {
     local want
     want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-        log "installing the project (editable) with extras [examples,dev]"
+        log "installing the project (editable) with extras [examples,dev,lightning]"
         vpip install setuptools wheel
-        vpip install -e ".[examples,dev]"
+        vpip install -e ".[examples,dev,lightning]"
         echo "$want" > "$stamp"
     fi
 }

@@ -12,5 +12,5 @@ if [ "$rc" = 5 ]; then
     exit 1
 fi
 [ "$rc" = 0 ] || exit "$rc"
-.venv/bin/ruff check poprun popdist popdist_torch tests examples benchmarks || exit 1
+.venv/bin/ruff check poprun popdist popdist_torch popdist_lightning tests examples benchmarks || exit 1
 .venv/bin/mypy || exit 1

@@ -23,7 +23,7 @@ def test_light_modules_do_not_import_torch_or_horovod(module: str) -> None:
     assert out.stdout.strip() == "", f"importing {module} pulled in {out.stdout.strip()}"
 
 
-@pytest.mark.parametrize("package", ["poprun", "popdist", "popdist_torch"])
+@pytest.mark.parametrize("package", ["poprun", "popdist", "popdist_torch", "popdist_lightning"])
 def test_packages_are_typed(package: str) -> None:
     assert (ROOT / package / "py.typed").is_file()
 

@@ -1,0 +1,342 @@
+"""Lightning on popdist_torch: IPUStrategy against Lightning's DDP and against a raw executor loop.
+
+Two comparisons, each run side by side in interleaved rounds (every case is a fresh
+launch; the ratio is taken per round, its median reported):
+
+* training throughput, 2 instances: ``IPUStrategy`` under ``poprun --num-instances 2``
+  (1 local replica each, ``device_iterations`` 8) against Lightning's own DDP strategy
+  (``Trainer(accelerator="cpu", devices=2, strategy="ddp")``, gloo, the two processes
+  Lightning starts), the same LightningModule and the same global batch per update;
+  the goal: ≥ 1.2×. DDP runs as users run it (torch's default threads) and, as a second
+  anchor, with one intra-op thread per process, as poprun's instances get on 2 cores.
+* per-step cost, one process: a Lightning step of ``IPUStrategy`` (one executor call,
+  ``device_iterations`` updates, ``self.log`` included) against the same call in a raw
+  ``popdist_torch`` loop on the same module, one intra-op thread each; the goal: ≤ 1.5×.
+
+Writes docs/lightning-benchmark.md and .json.
+
+    .venv/bin/python benchmarks/lightning_strategy.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+FEATURES, HIDDEN, CLASSES = 64, 512, 10
+MICRO = 32  # per replica (IPUStrategy) and per process (DDP)
+DEVICE_ITERATIONS = 8
+
+
+# -- worker side (runs inside one launched process) ----------------------------------------
+def _module(lr: float = 0.01) -> Any:
+    import lightning.pytorch as pl
+    import torch
+    from torch.nn import functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class MLP(pl.LightningModule):
+        """Two hidden layers of 512 on generated 64-feature samples; logs its loss."""
+
+        def __init__(self, samples: int) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
+                torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+                torch.nn.Linear(HIDDEN, CLASSES),
+            )  # fmt: skip
+            g = torch.Generator().manual_seed(1)
+            self.data = TensorDataset(
+                torch.randn(samples, FEATURES, generator=g),
+                torch.randint(0, CLASSES, (samples,), generator=g),
+            )
+
+        def forward(self, x: Any) -> Any:
+            return self.net(x)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            loss = F.cross_entropy(self(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=lr)
+
+        def train_dataloader(self) -> Any:
+            return DataLoader(self.data, batch_size=MICRO)
+
+    return MLP
+
+
+def _timer(warmup: int, out: Path, samples_per_step: int) -> Any:
+    import lightning.pytorch as pl
+
+    class Timer(pl.Callback):
+        """Times the Lightning steps after ``warmup``; rank 0 writes samples/s and s/step."""
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, i: int) -> None:
+            if i == warmup:
+                self.t0 = time.perf_counter()
+                self.first = i
+
+        def on_train_end(self, trainer: Any, module: Any) -> None:
+            elapsed = time.perf_counter() - self.t0
+            steps = trainer.fit_loop.epoch_loop.batch_progress.current.completed - self.first
+            if trainer.is_global_zero:
+                out.write_text(
+                    json.dumps(
+                        {
+                            "samples_per_s": steps * samples_per_step / elapsed,
+                            "s_per_step": elapsed / steps,
+                        }
+                    )
+                )
+
+    return Timer()
+
+
+def worker(kind: str, steps: int, warmup: int, out: Path) -> None:
+    """One case: ``ipu`` (under poprun), ``ddp`` (Lightning spawns), ``ipu-1`` or ``raw``."""
+    import warnings
+
+    import lightning.pytorch as pl
+
+    warnings.filterwarnings("ignore")
+    quiet: dict[str, Any] = {
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "max_epochs": 1,
+    }
+    mlp = _module()
+    if kind in ("ipu", "ipu-1"):
+        import popdist
+        from popdist_lightning import IPUStrategy
+
+        instances = popdist.getNumInstances()
+        per_call = MICRO * DEVICE_ITERATIONS * instances
+        model = mlp(per_call * (steps + warmup))
+        trainer = pl.Trainer(
+            accelerator="ipu",
+            devices=1,
+            strategy=IPUStrategy(device_iterations=DEVICE_ITERATIONS),
+            callbacks=[_timer(warmup, out, per_call)],
+            **quiet,
+        )
+        trainer.fit(model)
+    elif kind == "ddp":
+        per_step = MICRO * 2
+        model = mlp(per_step * (steps + warmup))
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy="ddp",
+            callbacks=[_timer(warmup, out, per_step)],
+            **quiet,
+        )
+        trainer.fit(model)
+    elif kind == "raw":
+        import torch
+        from torch.nn import functional as F
+
+        import popdist
+        import popdist_torch as poptorch
+
+        per_call = MICRO * DEVICE_ITERATIONS * popdist.getNumInstances()
+        module = mlp(per_call * (steps + warmup))
+
+        class WithLoss(torch.nn.Module):
+            def __init__(self, net: torch.nn.Module) -> None:
+                super().__init__()
+                self.net = net
+
+            def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+                out = self.net(x)
+                return out, F.cross_entropy(out, y)
+
+        opts = poptorch.Options().deviceIterations(DEVICE_ITERATIONS)
+        model = WithLoss(module.net)
+        training = poptorch.trainingModel(
+            model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.01)
+        )
+        loader = poptorch.DataLoader(opts, module.data, batch_size=MICRO)
+        t0, done = 0.0, 0
+        for i, (x, y) in enumerate(loader):
+            if i == warmup:
+                t0 = time.perf_counter()
+            training(x, y)
+            done = i + 1
+        elapsed = time.perf_counter() - t0
+        n = done - warmup
+        if popdist.getInstanceIndex() == 0:
+            out.write_text(
+                json.dumps({"samples_per_s": n * per_call / elapsed, "s_per_step": elapsed / n})
+            )
+    else:
+        raise SystemExit(f"unknown worker kind {kind!r}")
+
+
+# -- driver side ------------------------------------------------------------------------------
+def _env(threads: int | None = None) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_"))
+    }
+    env["PYTHONPATH"] = str(ROOT)
+    env.pop("OMP_NUM_THREADS", None)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def launch(kind: str, steps: int, warmup: int, threads: int | None = None) -> dict[str, float]:
+    """Run one case as a fresh launch; its rank 0's measurement."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        me = [sys.executable, str(Path(__file__).resolve()), "--worker", kind]
+        me += ["--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
+        if kind in ("ipu", "raw-2"):
+            me[me.index(kind)] = kind.removesuffix("-2")
+            argv = [sys.executable, "-m", "poprun", "--num-instances", "2", "--num-replicas", "2"]
+            argv += me
+        else:
+            argv = me
+        done = subprocess.run(
+            argv, cwd=ROOT, env=_env(threads), capture_output=True, text=True, timeout=600
+        )
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(
+                f"{kind} failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}"
+            )
+        return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20, help="timed executor calls per run")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--no-doc", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.steps, args.warmup, args.out)
+        return 0
+
+    from benchmarks._common import Summary, table, write_doc
+
+    ddp_steps = args.steps * DEVICE_ITERATIONS  # the same number of weight updates
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    cases = {
+        "IPUStrategy, poprun 2 instances": lambda: launch("ipu", args.steps, args.warmup),
+        "DDP (gloo), 2 processes": lambda: launch("ddp", ddp_steps, args.warmup * 4),
+        "DDP (gloo), 2 processes, 1 thread each": lambda: launch(
+            "ddp", ddp_steps, args.warmup * 4, threads=1
+        ),
+        # One intra-op thread for both: the comparison is the per-call overhead, not how
+        # two OpenMP threads fare on a loaded machine.
+        "raw popdist_torch loop, poprun 2 instances": lambda: launch(
+            "raw-2", args.steps, args.warmup
+        ),
+        "IPUStrategy, 1 process": lambda: launch("ipu-1", args.steps, args.warmup, threads=1),
+        "raw popdist_torch loop, 1 process": lambda: launch(
+            "raw", args.steps, args.warmup, threads=1
+        ),
+    }
+    got: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            got[name].append(cases[name]())
+            print(f"round {r}: {name}: {got[name][-1]}", flush=True)
+
+    def series(name: str, key: str) -> list[float]:
+        return [m[key] for m in got[name]]
+
+    ipu2 = series("IPUStrategy, poprun 2 instances", "samples_per_s")
+    ddp = series("DDP (gloo), 2 processes", "samples_per_s")
+    ddp1 = series("DDP (gloo), 2 processes, 1 thread each", "samples_per_s")
+    raw2 = series("raw popdist_torch loop, poprun 2 instances", "samples_per_s")
+    step_l = series("IPUStrategy, 1 process", "s_per_step")
+    step_r = series("raw popdist_torch loop, 1 process", "s_per_step")
+    vs_ddp = [a / b for a, b in zip(ipu2, ddp, strict=True)]
+    vs_ddp1 = [a / b for a, b in zip(ipu2, ddp1, strict=True)]
+    per_step = [a / b for a, b in zip(step_l, step_r, strict=True)]
+    vs_raw2 = [a / b for a, b in zip(ipu2, raw2, strict=True)]
+    result = {
+        "rounds": args.rounds,
+        "samples_per_s": {n: series(n, "samples_per_s") for n in names},
+        "s_per_step": {n: series(n, "s_per_step") for n in names},
+        "ratio": {
+            "ipu_2_vs_ddp_2": statistics.median(vs_ddp),
+            "ipu_2_vs_ddp_2_one_thread": statistics.median(vs_ddp1),
+            "lightning_step_vs_raw_step": statistics.median(per_step),
+            "ipu_2_vs_raw_2": statistics.median(vs_raw2),
+        },
+        "ratios_per_round": {
+            "ipu_2_vs_ddp_2": vs_ddp,
+            "ipu_2_vs_ddp_2_one_thread": vs_ddp1,
+            "lightning_step_vs_raw_step": per_step,
+            "ipu_2_vs_raw_2": vs_raw2,
+        },
+    }
+    rows = [
+        [n, Summary(tuple(series(n, "samples_per_s"))).fmt(unit="samples/s", digits=0),
+         Summary(tuple(series(n, "s_per_step"))).fmt(scale=1e3, unit="ms", digits=2)]
+        for n in names
+    ]  # fmt: skip
+    fmt = ", ".join
+    r = result["ratio"]
+    goal_rows = [
+        ["IPUStrategy 2 instances / Lightning DDP 2 processes ≥ 1.2×",
+         f"{r['ipu_2_vs_ddp_2']:.2f}", fmt(f"{x:.2f}" for x in vs_ddp),
+         "yes" if r["ipu_2_vs_ddp_2"] >= 1.2 else "no"],
+        ["(anchor: DDP with 1 intra-op thread per process)",
+         f"{r['ipu_2_vs_ddp_2_one_thread']:.2f}", fmt(f"{x:.2f}" for x in vs_ddp1), "—"],
+        ["(anchor: the raw popdist_torch loop under poprun, 2 instances)",
+         f"{r['ipu_2_vs_raw_2']:.2f}", fmt(f"{x:.2f}" for x in vs_raw2), "—"],
+        ["IPUStrategy step / raw popdist_torch call ≤ 1.5×",
+         f"{r['lightning_step_vs_raw_step']:.2f}", fmt(f"{x:.2f}" for x in per_step),
+         "yes" if r["lightning_step_vs_raw_step"] <= 1.5 else "no"],
+    ]  # fmt: skip
+    body = (
+        f"MLP {FEATURES}→{HIDDEN}→{HIDDEN}→{CLASSES} on generated data, SGD, `self.log` of the "
+        f"loss every step; micro-batch {MICRO}; IPUStrategy with `device_iterations` "
+        f"{DEVICE_ITERATIONS} (one Lightning step = {DEVICE_ITERATIONS} weight updates); DDP "
+        f"with batch {MICRO} per process (the same global batch, {2 * MICRO}, per update). "
+        f"{args.steps} timed IPUStrategy steps ({args.steps * DEVICE_ITERATIONS} for DDP) after "
+        f"a warm-up; each case a fresh launch; {args.rounds} interleaved rounds. Progress bar, "
+        f"logger and checkpoints off for all; the one-process cases with one intra-op thread. "
+        f"Load average before the run: {load}.\n\n"
+        + table(["case", "throughput", "time per Lightning step"], rows)
+        + "\n\n"
+        + table(["goal", "median ratio", "per round", "met?"], goal_rows)
+    )
+    print(body)
+    if not args.no_doc:
+        write_doc(
+            "lightning-benchmark.md", "Lightning: IPUStrategy against DDP and a raw loop", body
+        )
+        (Path(ROOT) / "docs" / "lightning-benchmark.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

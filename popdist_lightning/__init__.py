@@ -1,0 +1,27 @@
+"""popdist_lightning: PyTorch Lightning (``lightning.pytorch`` 2.x) on popdist_torch.
+
+``from popdist_lightning import IPUStrategy`` registers the ``"ipu"`` accelerator and the
+``"ipu_strategy"`` strategy, so ``Trainer(accelerator="ipu", devices=N)`` runs on
+popdist_torch's executor with ``N`` local replicas per instance, with or without an
+explicit ``strategy=IPUStrategy(...)``; processes come from ``poprun``, never from
+Lightning. See ``docs/lightning.md``.
+"""
+
+from __future__ import annotations
+
+from popdist_lightning._registry import register
+from popdist_lightning.accelerator import IPUAccelerator
+from popdist_lightning.environment import PopdistEnvironment
+from popdist_lightning.errors import IPUStrategyError
+from popdist_lightning.precision import IPUPrecision
+from popdist_lightning.strategy import IPUStrategy
+
+__all__ = [
+    "IPUAccelerator",
+    "IPUPrecision",
+    "IPUStrategy",
+    "IPUStrategyError",
+    "PopdistEnvironment",
+]
+
+register()
