@@ -1,8 +1,11 @@
-"""The collective backend: Horovod, started once per process by :func:`init`.
+"""The collective backend, started once per process by :func:`init`.
 
 PopDist's ``init()`` brings up the backend that carries host-side collectives between
-instances; here that backend is Horovod (``horovod.torch``) over the same Open MPI job that
-poprun launched. Horovod (and with it torch) is imported only when :func:`init` runs, so
+instances. Two are available: Horovod (``horovod.torch``, the default) over the same Open
+MPI job that poprun launched, and ``torch.distributed`` (gloo on CPU, NCCL on GPU;
+:mod:`popdist.torch_distributed`), chosen by ``init(backend="torch")`` or by
+``poprun --backend torch`` (``POPDIST_BACKEND``). Under the torch backend Horovod is never
+imported. The rest of this docstring is about Horovod. Horovod (and with it torch) is imported only when :func:`init` runs, so
 ``import popdist`` stays cheap. :func:`init` also checks that Horovod's world is the run
 popdist reads from the environment: a process started outside the job, or a job whose
 ranks do not match the instances, fails here with a clear message instead of hanging in
@@ -32,9 +35,17 @@ import sys
 from collections.abc import Iterator
 from types import ModuleType
 
-from popdist.env import PopdistError, read_run
+from popdist import torch_distributed
+from popdist.env import PopdistError, read_backend, read_run
 
-__all__ = ["finalizeBackend", "horovod", "init", "initializeBackend", "isBackendInitialized"]
+__all__ = [
+    "active",
+    "finalizeBackend",
+    "horovod",
+    "init",
+    "initializeBackend",
+    "isBackendInitialized",
+]
 
 SETUP_HINT = "run `make setup` (which `make test` and `make demo` run first) to build it into .venv"
 
@@ -48,6 +59,7 @@ _PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 _initialized = False
 _finalized = False
 _atexit_registered = False
+_active: str | None = None  # the backend init() started
 
 
 def _import_horovod() -> ModuleType:
@@ -61,15 +73,33 @@ def _import_horovod() -> ModuleType:
     return hvd
 
 
-def init() -> None:
+def active() -> str:
+    """The backend :func:`init` started, or the one it would start (``horovod``/``torch``)."""
+    return _active if _active is not None else read_backend()
+
+
+def init(backend: str | None = None) -> None:
     """Start the collective backend once; later calls do nothing.
 
-    Raises :class:`PopdistError` if Horovod is missing, or if its size and rank disagree
-    with :func:`popdist.getNumInstances` and :func:`popdist.getInstanceIndex`. The backend
-    is finalised at interpreter exit (or by :func:`finalizeBackend`).
+    ``backend`` is ``"horovod"`` or ``"torch"``; by default ``POPDIST_BACKEND`` (set by
+    ``poprun --backend``), else Horovod. Raises :class:`PopdistError` if the backend is
+    missing, if its size and rank disagree with :func:`popdist.getNumInstances` and
+    :func:`popdist.getInstanceIndex`, or if another backend is already running. The
+    backend is finalised at interpreter exit (or by :func:`finalizeBackend`).
     """
-    global _initialized, _atexit_registered
+    global _initialized, _atexit_registered, _active
+    name = read_backend(requested=backend)
     if _initialized:
+        if backend is not None and name != _active:
+            raise PopdistError(
+                f"popdist.init(backend={backend!r}): the {_active} backend is already running "
+                f"in this process; one process uses one backend"
+            )
+        return
+    if name == "torch":
+        torch_distributed.start(read_run())
+        _active, _initialized = name, True
+        _register_finalizer()
         return
     if _finalized:
         # Horovod finalises MPI on shutdown and MPI cannot be initialised twice in one
@@ -93,7 +123,12 @@ def init() -> None:
             f"{run.instance_index} of {run.num_instances}: start every instance from one "
             f"poprun (or mpirun) command and do not mix launchers"
         )
-    _initialized = True
+    _active, _initialized = name, True
+    _register_finalizer()
+
+
+def _register_finalizer() -> None:
+    global _atexit_registered
     if not _atexit_registered:
         atexit.register(finalizeBackend)
         _atexit_registered = True
@@ -127,16 +162,23 @@ def isBackendInitialized() -> bool:
     """Whether :func:`init` started the backend and it is still running."""
     if not _initialized:
         return False
+    if _active == "torch":
+        return torch_distributed.is_initialized()
     hvd = sys.modules.get("horovod.torch")
     return bool(hvd is not None and hvd.is_initialized())
 
 
 def finalizeBackend() -> None:
-    """Shut the backend down (idempotent). It cannot be started again in this process."""
-    global _initialized, _finalized
+    """Shut the backend down (idempotent). Horovod cannot be started again in this process."""
+    global _initialized, _finalized, _active
     if not _initialized:
         return
     _initialized = False
+    if _active == "torch":
+        _active = None
+        torch_distributed.stop()
+        return
+    _active = None
     _finalized = True
     hvd = sys.modules.get("horovod.torch")
     if hvd is not None and hvd.is_initialized():
@@ -146,4 +188,9 @@ def finalizeBackend() -> None:
 def horovod() -> ModuleType:
     """``horovod.torch``, started by :func:`init` if it is not yet."""
     init()
+    if _active != "horovod":
+        raise PopdistError(
+            f"popdist.backend.horovod(): this process runs the {_active} backend, not Horovod; "
+            f"launch with --backend horovod to use Horovod's API"
+        )
     return _import_horovod()

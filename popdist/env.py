@@ -19,6 +19,7 @@ variable                                   value
 ``POPDIST_HOST``                           the host this instance was placed on (added)
 ``POPDIST_OFFLINE_MODE``                   ``1`` with ``--offline-mode``: use no accelerator
 ``POPDIST_EXECUTABLE_CACHE_PATH``          ``--executable-cache-path``: compilation cache
+``POPDIST_BACKEND``                        ``--backend``: ``horovod`` (default) or ``torch``
 =========================================  ====================================================
 
 The first six are PopRun's own. The *required* set (:data:`REQUIRED`) must be complete or
@@ -55,6 +56,10 @@ NUM_LOCAL_INSTANCES = "POPDIST_NUM_LOCAL_INSTANCES"
 HOST = "POPDIST_HOST"
 OFFLINE_MODE = "POPDIST_OFFLINE_MODE"
 EXECUTABLE_CACHE_PATH = "POPDIST_EXECUTABLE_CACHE_PATH"
+BACKEND = "POPDIST_BACKEND"
+
+#: The collective backends ``popdist.init`` can start; the first is the default.
+BACKENDS: tuple[str, ...] = ("horovod", "torch")
 
 #: PopRun's variables: all present under poprun, all absent otherwise.
 REQUIRED: tuple[str, ...] = (
@@ -77,6 +82,7 @@ ALL: tuple[str, ...] = (
     HOST,
     OFFLINE_MODE,
     EXECUTABLE_CACHE_PATH,
+    BACKEND,
 )
 
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
@@ -358,6 +364,25 @@ def _read_ompi(environ: Mapping[str, str]) -> RunView:
         executable_cache_path=environ.get(EXECUTABLE_CACHE_PATH) or None,
         from_poprun=False,
     )
+
+
+def read_backend(environ: Mapping[str, str] | None = None, requested: str | None = None) -> str:
+    """The collective backend: ``requested`` if given, else ``POPDIST_BACKEND``, else Horovod.
+
+    Raises :class:`PopdistError` for a name that is not one of :data:`BACKENDS`.
+    """
+    environ = os.environ if environ is None else environ
+    if requested is not None:
+        source, raw = "popdist.init(backend=...)", requested
+    else:
+        source, raw = BACKEND, environ.get(BACKEND, "")
+    name = raw.strip().lower() or BACKENDS[0]
+    if name not in BACKENDS:
+        raise PopdistError(
+            f"{source}={raw!r} is not a collective backend: expected one of "
+            f"{', '.join(BACKENDS)} (poprun --backend sets it)"
+        )
+    return name
 
 
 def read_run(environ: Mapping[str, str] | None = None) -> RunView:
