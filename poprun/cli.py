@@ -164,6 +164,7 @@ def run(
 ) -> int:
     """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched)."""
     from poprun import config as cfg
+    from poprun.devices import check_pool, device_pool
     from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
     from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
     from poprun.topology import local_numa_node_count, plan, render
@@ -189,6 +190,8 @@ def run(
             log.info("process placement: this host has one NUMA node, so there is nothing to bind")
         numa = {host: nodes for host in (config.hosts or ("localhost",))}
     topology = plan(config, numa)
+    pool = device_pool(environ)
+    check_pool(topology, pool)
     numactl = None
     if any(p.numa_nodes for p in topology.instances):
         import shutil
@@ -205,6 +208,7 @@ def run(
         local_cpus=len(os.sched_getaffinity(0)),
         numactl=numactl,
         user_mca=mca_from_environment(environ),
+        device_pool=pool,
     )
     if config.vipu:
         names = ", ".join(cfg.option_name(k) for k, _ in config.vipu)

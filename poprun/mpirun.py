@@ -80,11 +80,13 @@ def build_argv(
     numactl: str | None = None,
     local_hosts: frozenset[str] = frozenset({"localhost"}),
     user_mca: frozenset[str] = frozenset(),
+    device_pool: Sequence[str] | None = None,
 ) -> list[str]:
     """The exact mpirun argv for this run (golden-tested).
 
     ``user_mca`` names the MCA parameters the user set in the environment
     (``OMPI_MCA_<name>``); poprun's single-host defaults never override them.
+    ``device_pool`` is the user's ``CUDA_VISIBLE_DEVICES`` (:mod:`poprun.devices`).
     """
     user_global = config.global_args()
     argv = [mpirun, "--tag-output"]
@@ -117,7 +119,7 @@ def build_argv(
         argv += ["-np", "1"]
         if topology.explicit_hosts:
             argv += ["-H", f"{plan.host}:{plan.num_local_instances}"]
-        for name, value in instance_values(config, plan).items():
+        for name, value in instance_values(config, plan, device_pool).items():
             argv += ["-x", f"{name}={value}"]
         argv += config.local_args(plan.index)
         argv += WRAPPER
