@@ -76,14 +76,14 @@ def main() -> None:
 
         from popdist_torch import collectives
 
-        hvd = collectives.horovod(size, rank)  # what trainingModel does: popdist.init()
+        backend = collectives.connect(size, rank)  # what trainingModel does: popdist.init()
 
         def run(n: int) -> Callable[[], None]:
             # One parameter of n bytes, its gradient reduced by the executor's reducer:
             # the same allreduce_async_/synchronize calls as in one weight update.
             param = torch.nn.Parameter(torch.ones(n // 4, dtype=torch.float32))
             param.grad = torch.ones_like(param)
-            reducer = collectives.GradientReducer(hvd, [("w", param)], average=False)
+            reducer = collectives.GradientReducer(backend, [("w", param)], average=False)
             return reducer.reduce_all
 
     else:  # gloo

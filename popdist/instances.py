@@ -66,7 +66,7 @@ def execute_on_instances(
 
     from popdist import backend
 
-    backend.init()
+    collectives = backend.collectives()
     result: T | None = None
     error: Exception | None = None
     if run.instance_index in chosen:
@@ -74,7 +74,13 @@ def execute_on_instances(
             result = fn(*args, **kwargs)
         except Exception as exc:  # reported to every instance below, then re-raised
             error = exc
-    failed = [i for i, flag in enumerate(_gather_flags(error is not None)) if flag]
+    import torch
+
+    flags = collectives.allgather(
+        torch.tensor([1 if error is not None else 0], dtype=torch.int32),
+        name="popdist.execute_on_instances",
+    )
+    failed = [i for i, flag in enumerate(flags.tolist()) if flag]
     if error is not None:
         raise error
     if failed:
@@ -84,20 +90,3 @@ def execute_on_instances(
             f"output for the cause"
         )
     return result
-
-
-def _gather_flags(flag: bool) -> list[int]:
-    """Every instance's ``flag``, by instance index, over the running backend."""
-    import torch
-
-    from popdist import backend
-
-    mine = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    if backend.active() == "torch":
-        import torch.distributed as dist
-
-        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(every, mine)
-        return [int(t.item()) for t in every]
-    hvd = backend.horovod()
-    return [int(f) for f in hvd.allgather(mine, name="popdist.execute_on_instances").tolist()]

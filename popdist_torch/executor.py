@@ -240,7 +240,7 @@ class PoplarExecutor:
         self._runner: Any = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._reducer: Any = None
-        self._hvd: Any = None
+        self._collectives: Any = None
         if training:
             self._optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
         elif optimizer is not None:
@@ -251,16 +251,18 @@ class PoplarExecutor:
             threads = _compute_threads()
             if threads is not None:
                 torch.set_num_threads(threads)
-            from popdist_torch.collectives import GradientReducer, broadcast_state, horovod
+            from popdist_torch.collectives import GradientReducer, broadcast_state, connect
 
-            self._hvd = horovod(dist.numProcesses, dist.processId)
-            broadcast_state(self._hvd, model, self._optimizer, buffers=opts.broadcast_buffers)
+            self._collectives = connect(dist.numProcesses, dist.processId)
+            broadcast_state(
+                self._collectives, model, self._optimizer, buffers=opts.broadcast_buffers
+            )
             if training:
                 average = (
                     opts.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
                 )
                 self._reducer = GradientReducer(
-                    self._hvd, model.named_parameters(), average=average
+                    self._collectives, model.named_parameters(), average=average
                 )
 
     # -- model-parallel strategies ------------------------------------------------------
@@ -477,7 +479,7 @@ class PoplarExecutor:
         assert self._optimizer is not None
         self._optimizer.zero_grad(set_to_none=True)
         if self._reducer is not None:
-            self._reducer._armed = False
+            self._reducer.disarm()
 
     def _vmap_forward(
         self, inputs: list[torch.Tensor], batch: _Batch, *, training: bool

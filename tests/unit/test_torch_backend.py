@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from popdist import env, torch_distributed
+from popdist import env
 from popdist.env import PopdistError, RunView, read_backend
+from popdist_torch.collectives import torchdist as torch_distributed
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -86,10 +87,12 @@ def test_device_index_needs_a_device() -> None:
         torch_distributed.device_index(RunView(), 0)
 
 
-def test_a_bad_timeout_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(torch_distributed.TIMEOUT_VARIABLE, "soon")
-    with pytest.raises(PopdistError, match="POPDIST_TORCH_TIMEOUT='soon'"):
-        torch_distributed.start(RunView())
+def test_the_timeout_variable() -> None:
+    assert torch_distributed.timeout_s({}) == torch_distributed.DEFAULT_TIMEOUT_S
+    assert torch_distributed.timeout_s({"POPDIST_TORCH_TIMEOUT": "90"}) == 90.0
+    for bad in ("soon", "0", "-3", "nan"):
+        with pytest.raises(PopdistError, match=f"POPDIST_TORCH_TIMEOUT='{bad}'"):
+            torch_distributed.timeout_s({"POPDIST_TORCH_TIMEOUT": bad})
 
 
 SINGLE = """

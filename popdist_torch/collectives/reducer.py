@@ -1,0 +1,113 @@
+"""Cross-instance gradient reduction and wrap-time broadcast, on any :class:`Collectives`.
+
+:class:`GradientReducer` registers one post-accumulate-grad hook per trainable
+parameter.  The hooks do nothing until :meth:`GradientReducer.arm` is called just before
+the last backward pass of a weight update; from then on each gradient, as soon as it is
+final, goes to the backend's ``allreduce_async_`` under a stable name, so the backend
+(Horovod's background thread) fuses the ready tensors into few allreduces that overlap the
+rest of the backward pass (Horovod's ``DistributedOptimizer`` and DDP's buckets work the
+same way).  :meth:`GradientReducer.finish` launches whatever did not get a gradient, waits
+for every handle and leaves the reduced gradients in ``.grad``.  Intermediate accumulation
+steps never communicate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from popdist_torch.collectives.base import Collectives, Handle
+
+__all__ = ["GradientReducer", "broadcast_state"]
+
+
+class GradientReducer:
+    """Fused, overlapped allreduce of gradients, once per weight update."""
+
+    def __init__(
+        self,
+        collectives: Collectives,
+        named_parameters: Iterable[tuple[str, nn.Parameter]],
+        *,
+        average: bool,
+    ) -> None:
+        self._collectives = collectives
+        self._average = average
+        self._params = [(n, p) for n, p in named_parameters if p.requires_grad]
+        self._armed = False
+        self._handles: dict[str, Handle] = {}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in self._params]
+
+    def _launch(self, name: str, grad: torch.Tensor) -> None:
+        self._handles[name] = self._collectives.allreduce_async_(
+            grad, average=self._average, name=f"popdist_torch.grad.{name}"
+        )
+
+    def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
+        def launch(param: torch.Tensor) -> None:
+            if self._armed and name not in self._handles and param.grad is not None:
+                self._launch(name, param.grad)
+
+        return launch
+
+    def arm(self) -> None:
+        """The next backward pass is the last of this update: reduce as gradients land."""
+        self._armed = True
+        self._handles.clear()
+
+    def disarm(self) -> None:
+        """Forget an armed backward pass that failed before its gradients were final.
+
+        The executor calls it when a fused attempt fails and the step is run again.
+        """
+        self._armed = False
+        self._handles.clear()
+
+    def finish(self) -> None:
+        """Reduce what the hooks did not (unused parameters get zeros) and wait for all."""
+        self._armed = False
+        for name, param in self._params:
+            if name not in self._handles:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                self._launch(name, param.grad)
+        for handle in self._handles.values():
+            self._collectives.wait(handle)
+        self._handles.clear()
+
+    def reduce_all(self) -> None:
+        """Reduce every gradient now (for runners that do not fire the hooks in order)."""
+        self._handles.clear()
+        self.finish()
+
+    def remove(self) -> None:
+        """Unregister the hooks."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def broadcast_state(
+    collectives: Collectives,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    buffers: bool,
+) -> None:
+    """Make every instance start from instance 0's parameters, buffers and optimizer state.
+
+    Optimizer state is broadcast only when instance 0 has some: Horovod's helper would
+    otherwise take a zero-gradient step to create it, which moves weights under weight
+    decay and advances Adam's step count.
+    """
+    if optimizer is not None:
+        has_state = torch.tensor([1 if optimizer.state else 0])
+        collectives.broadcast_(has_state, root=0, name="popdist_torch.has_state")
+        if int(has_state.item()):
+            collectives.broadcast_optimizer_state(optimizer, root=0)
+    tensors: dict[str, torch.Tensor] = {n: p.data for n, p in model.named_parameters()}
+    if buffers:
+        tensors.update({f"buffer.{n}": b for n, b in model.named_buffers()})
+    collectives.broadcast_tensors(sorted(tensors.items()), root=0)

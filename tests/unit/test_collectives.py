@@ -1,0 +1,153 @@
+"""The collectives seam: the interface's shared logic, the reducer on it, who imports a backend."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from popdist_torch import collectives
+from popdist_torch.collectives import Collectives, GradientReducer, broadcast_state
+from popdist_torch.errors import CollectiveError, PopdistTorchError
+from tests.jobs import ROOT
+
+
+class Loopback(Collectives):
+    """A fake world of ``size`` ranks run one after the other; rank ``root`` runs first.
+
+    Broadcasts store the root's tensors by name and copy them into the others';
+    allreduces are recorded (and count as done when waited for).
+    """
+
+    name = "loopback"
+
+    def __init__(self, rank: int, store: dict[str, torch.Tensor], size: int = 2) -> None:
+        self._rank, self._size, self.store = rank, size, store
+        self.launched: list[tuple[str | None, bool]] = []
+        self.waited: list[int] = []
+
+    def start(self) -> None:
+        pass
+
+    def is_started(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def allreduce_async_(
+        self, tensor: torch.Tensor, *, average: bool = False, name: str | None = None
+    ) -> int:
+        self.launched.append((name, average))
+        return len(self.launched) - 1
+
+    def wait(self, handle: int) -> None:
+        self.waited.append(handle)
+
+    def broadcast_(
+        self, tensor: torch.Tensor, *, root: int = 0, name: str | None = None
+    ) -> torch.Tensor:
+        assert name is not None
+        if self._rank == root:
+            self.store[name] = tensor.clone()
+        else:
+            tensor.copy_(self.store[name])
+        return tensor
+
+    def allgather(self, tensor: torch.Tensor, *, name: str | None = None) -> torch.Tensor:
+        return torch.cat([tensor] * self._size)
+
+    def barrier(self) -> None:
+        pass
+
+
+def _trained_adam(seed: int) -> tuple[nn.Linear, torch.optim.Adam]:
+    torch.manual_seed(seed)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(4, 3)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_default_broadcast_optimizer_state_gives_the_roots_state_to_the_others() -> None:
+    store: dict[str, torch.Tensor] = {}
+    root_model, root_opt = _trained_adam(0)
+    other_model = nn.Linear(3, 2)
+    other_opt = torch.optim.Adam(other_model.parameters(), lr=0.5)
+    broadcast_state(Loopback(0, store), root_model, root_opt, buffers=True)
+    broadcast_state(Loopback(1, store), other_model, other_opt, buffers=True)
+    assert torch.equal(other_model.weight, root_model.weight)
+    assert other_opt.param_groups[0]["lr"] == 0.1
+    got = other_opt.state_dict()["state"][0]
+    want = root_opt.state_dict()["state"][0]
+    assert torch.equal(got["exp_avg"], want["exp_avg"]) and int(got["step"]) == 1
+
+
+def test_broadcast_state_leaves_an_empty_optimizer_state_empty() -> None:
+    store: dict[str, torch.Tensor] = {}
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    other = Loopback(1, store)
+    broadcast_state(Loopback(0, store), model, opt, buffers=False)
+    broadcast_state(other, nn.Linear(3, 2), torch.optim.Adam(model.parameters()), buffers=False)
+    assert "popdist_torch.optimizer_state" not in store  # has_state said no
+
+
+def test_reducer_launches_each_gradient_once_when_armed_and_waits_for_all() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1), nn.Linear(1, 1))
+    model[2].requires_grad_(False)
+    backend = Loopback(0, {})
+    reducer = GradientReducer(backend, model.named_parameters(), average=True)
+    model(torch.ones(2, 3)).sum().backward()  # not armed: an intermediate step
+    assert backend.launched == []
+    reducer.arm()
+    model(torch.ones(2, 3)).sum().backward()
+    reducer.finish()
+    names = sorted(name for name, _ in backend.launched)
+    assert names == [
+        f"popdist_torch.grad.{n}" for n in ("0.bias", "0.weight", "1.bias", "1.weight")
+    ]
+    assert all(average for _, average in backend.launched)
+    assert sorted(backend.waited) == [0, 1, 2, 3]
+
+
+def test_disarm_stops_the_hooks_until_the_next_arm() -> None:
+    model = nn.Linear(3, 1)
+    backend = Loopback(0, {})
+    reducer = GradientReducer(backend, model.named_parameters(), average=False)
+    reducer.arm()
+    reducer.disarm()
+    model(torch.ones(2, 3)).sum().backward()
+    assert backend.launched == []
+    reducer.remove()
+
+
+def test_unknown_backend_is_a_clear_error() -> None:
+    with pytest.raises(CollectiveError, match=r"backend 'mpi5' is unknown: expected one of"):
+        collectives.use("mpi5")
+    assert issubclass(CollectiveError, PopdistTorchError)
+    assert issubclass(CollectiveError, RuntimeError)
+
+
+def test_only_the_backend_modules_import_a_collectives_library() -> None:
+    pattern = re.compile(r"^\s*(import|from)\s+(horovod|torch\.distributed)\b", re.MULTILINE)
+    seam = Path("popdist_torch/collectives")
+    shared = {seam / "__init__.py", seam / "base.py", seam / "reducer.py"}
+    importers = {
+        path.relative_to(ROOT)
+        for package in ("popdist", "popdist_torch", "poprun")
+        for path in (ROOT / package).rglob("*.py")
+        if pattern.search(path.read_text())
+    }
+    assert {p for p in importers if p.parent != seam or p in shared} == set()
+    assert Path("popdist_torch/collectives/horovod.py") in importers
