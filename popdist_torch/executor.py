@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.options import Options
 from popdist_torch.outputs import OutputCollector
+from popdist_torch.placement import CPU, instance_device, move_optimizer_state, place, to_host
 
 __all__ = [
     "ExecutorError",
@@ -90,7 +91,13 @@ def _compute_threads() -> int | None:
 class _Batch:
     """A call's inputs split into micro-batches: leaves shaped ``[DI, GA, R, b, ...]``."""
 
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], opts: Options) -> None:
+    def __init__(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        opts: Options,
+        device: torch.device = CPU,
+    ) -> None:
         di, ga, r = (
             opts.device_iterations,
             opts.Training.gradient_accumulation,
@@ -119,6 +126,8 @@ class _Batch:
                     f"executed on the device in any given iteration. For a full explanation see "
                     f"the batching semantics page of the documentation."
                 )
+            if leaf.device != device:
+                leaf = leaf.to(device, non_blocking=True)
             self.batched_index.append(i)
             self.batched.append(leaf.reshape(di, ga, r, n // factor, *leaf.shape[1:]))
         if not self.batched:
@@ -246,6 +255,9 @@ class PoplarExecutor:
         elif optimizer is not None:
             raise ExecutorError("inferenceModel takes no optimizer; use trainingModel to train")
         self._setup_strategy()
+        # The instance's GPU when it has one; before the broadcast, which then runs there.
+        self._device = instance_device(pipelined=self._runner is not None)
+        place(model, self._optimizer, self._device)
         dist = opts.Distributed
         if dist.numProcesses > 1:
             threads = _compute_threads()
@@ -377,16 +389,18 @@ class PoplarExecutor:
         self._check_alive()
         if not self._attached:
             self._attached = True
-        batch = _Batch(args, kwargs, self._options)
+        batch = _Batch(args, kwargs, self._options, self._device)
         model = self._user_model
         was_training = model.training
         if was_training != self._training:  # module.train() walks every submodule
             model.train(self._training)
         try:
             if self._training:
-                return self._train(batch)
-            with torch.no_grad():
-                return self._infer(batch)
+                result = self._train(batch)
+            else:
+                with torch.no_grad():
+                    result = self._infer(batch)
+            return result if self._device == CPU else to_host(result)
         finally:
             if was_training != self._training:
                 model.train(was_training)
@@ -562,21 +576,11 @@ class PoplarExecutor:
         if self._options.TensorLocations.optimizer_on_chip:
             yield
             return
-        _move_state(optimizer, lambda p: p.device)
+        move_optimizer_state(optimizer, lambda p: p.device)
         try:
             yield
         finally:
-            _move_state(optimizer, lambda p: torch.device("cpu"))
-
-
-def _move_state(
-    optimizer: torch.optim.Optimizer, where: Callable[[torch.Tensor], torch.device]
-) -> None:
-    for param, state in optimizer.state.items():
-        device = where(param)
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
-                state[key] = value.to(device)
+            move_optimizer_state(optimizer, lambda p: CPU)
 
 
 def trainingModel(
