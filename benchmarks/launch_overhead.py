@@ -2,7 +2,9 @@
 
 Rows: a trivial job (``python -c "import popdist"``), a job whose instances start Horovod
 (``popdist.init()`` when it exists, else ``hvd.init()``), ``import popdist`` against
-``python -c pass``, and ``poprun --help``. Prints a table and writes docs/launch-overhead.md.
+``python -c pass``, ``poprun --help``, and how long a job takes to end after Ctrl-C (SIGINT
+to the launcher once both instances are running; poprun forwards it and ends the job).
+Prints a table and writes docs/launch-overhead.md.
 
     .venv/bin/python benchmarks/launch_overhead.py [--repeats 11]
 """
@@ -10,8 +12,10 @@ Rows: a trivial job (``python -c "import popdist"``), a job whose instances star
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +49,47 @@ def interleaved(pairs: dict[str, list[str]], repeats: int) -> dict[str, list[flo
     for _ in range(repeats):
         for name, cmd in pairs.items():
             out[name].append(_time(cmd))
+    return out
+
+
+SLEEPER = ["sh", "-c", "echo up; exec sleep 60"]
+
+
+def _time_sigint(cmd: list[str]) -> float:
+    """Seconds from SIGINT to the launcher's exit, once both instances said they are up."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,  # Ctrl-C for this job only
+    )
+    assert proc.stdout is not None
+    up = 0
+    for line in proc.stdout:
+        up += "up" in line
+        if up == 2:
+            break
+    began = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: nothing else
+        proc.stdout.close()
+        proc.wait()
+    return time.perf_counter() - began
+
+
+def sigint_rounds(pairs: dict[str, list[str]], repeats: int) -> dict[str, list[float]]:
+    """:func:`_time_sigint` of every command once per round, ``repeats`` rounds."""
+    out: dict[str, list[float]] = {name: [] for name in pairs}
+    for _ in range(repeats):
+        for name, cmd in pairs.items():
+            out[name].append(_time_sigint(cmd))
     return out
 
 
@@ -101,6 +146,17 @@ def main() -> None:
         ("poprun --help", [POPRUN, "--help"]),
     ]
     times = interleaved(dict(rows), args.repeats)
+    times.update(
+        sigint_rounds(
+            {
+                "Ctrl-C to exit: mpirun -np 2": ["mpirun", *MPIRUN_FLAGS, *env_np2, *SLEEPER],
+                "Ctrl-C to exit: poprun 2 instances": [
+                    *(POPRUN, "--num-instances", "2", "--num-replicas", "2", *SLEEPER)
+                ],
+            },
+            args.repeats,
+        )
+    )
     med = {name: statistics.median(v) for name, v in times.items()}
     lines = [
         "# Launch overhead",
@@ -128,6 +184,8 @@ def main() -> None:
     lines += [
         f"| import popdist / python -c pass | {import_ratio:.2f}× | ≤ 1.3× |",
         f"| poprun --help | {med['poprun --help'] * 1000:.0f} ms | < 300 ms |",
+        f"| Ctrl-C to exit, poprun (mpirun: {med['Ctrl-C to exit: mpirun -np 2'] * 1000:.0f} ms) "
+        f"| {med['Ctrl-C to exit: poprun 2 instances'] * 1000:.0f} ms | < 3000 ms |",
         "",
     ]
     sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -5,6 +5,9 @@ instance in the run (:mod:`popdist.context`), the collective backend (:func:`ini
 :func:`execute_on_instances`. The sharding arithmetic is :mod:`popdist.sharding`;
 ``popdist.poptorch.Options`` is PopTorch's options set up from the launch.
 
+Under poprun, importing ``popdist`` also installs an excepthook that reports an uncaught
+exception to poprun as a structured record (:mod:`popdist.error_record`).
+
 Importing ``popdist`` is cheap and stdlib-only: torch and Horovod are imported by the calls
 that need them (:func:`init`, :func:`execute_on_instances`, ``popdist.poptorch``).
 """
@@ -26,7 +29,10 @@ from popdist.context import (
     isPopdistEnvSet,
 )
 from popdist.env import PopdistError
+from popdist.error_record import install_if_asked as _install_error_record
 from popdist.instances import execute_on_instances
+
+_install_error_record()  # under poprun: an uncaught exception is also reported as data
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:

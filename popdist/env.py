@@ -19,7 +19,11 @@ variable                                   value
 ``POPDIST_HOST``                           the host this instance was placed on (added)
 ``POPDIST_OFFLINE_MODE``                   ``1`` with ``--offline-mode``: use no accelerator
 ``POPDIST_EXECUTABLE_CACHE_PATH``          ``--executable-cache-path``: compilation cache
-``POPDIST_BACKEND``                        ``--backend``: ``horovod`` (default) or ``torch``
+``POPDIST_BACKEND``                        ``--backend``: collectives backend, ``horovod`` or
+                                           ``torch`` (torch.distributed)
+``POPDIST_ERROR_RECORD``                   ``1``: ``import popdist`` installs the excepthook
+                                           that reports an uncaught exception to poprun as
+                                           one marked stderr line (:mod:`popdist.error_record`)
 =========================================  ====================================================
 
 The first six are PopRun's own. The *required* set (:data:`REQUIRED`) must be complete or
@@ -57,8 +61,9 @@ HOST = "POPDIST_HOST"
 OFFLINE_MODE = "POPDIST_OFFLINE_MODE"
 EXECUTABLE_CACHE_PATH = "POPDIST_EXECUTABLE_CACHE_PATH"
 BACKEND = "POPDIST_BACKEND"
+ERROR_RECORD = "POPDIST_ERROR_RECORD"
 
-#: The collective backends ``popdist.init`` can start; the first is the default.
+#: The values ``POPDIST_BACKEND`` (``poprun --backend``) may take; the first is the default.
 BACKENDS: tuple[str, ...] = ("horovod", "torch")
 
 #: PopRun's variables: all present under poprun, all absent otherwise.
@@ -71,7 +76,8 @@ REQUIRED: tuple[str, ...] = (
     LOCAL_INSTANCE_INDEX,
 )
 #: Added variables poprun always sets with :data:`REQUIRED`: alone they are a half-set
-#: environment too. (``HOST``, ``OFFLINE_MODE`` and ``EXECUTABLE_CACHE_PATH`` may stand alone.)
+#: environment too. (``HOST``, ``OFFLINE_MODE``, ``EXECUTABLE_CACHE_PATH``, ``BACKEND`` and
+#: ``ERROR_RECORD`` may stand alone.)
 POPRUN_ONLY: tuple[str, ...] = (NUM_INSTANCES, INSTANCE_INDEX, NUM_LOCAL_INSTANCES)
 #: Every variable of the contract, in the order of the table above.
 ALL: tuple[str, ...] = (
@@ -83,6 +89,7 @@ ALL: tuple[str, ...] = (
     OFFLINE_MODE,
     EXECUTABLE_CACHE_PATH,
     BACKEND,
+    ERROR_RECORD,
 )
 
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"

@@ -1,162 +1,103 @@
-"""The ``poprun`` command line (PopRun's option names), built on typer.
+"""The ``poprun`` command line (PopRun's option names), built on typer from the option table.
 
 Before typer sees the arguments, :func:`normalise` splits off the program (everything from
-the first word that is not an option or an option's value) and gives boolean options an
+the first word that is not an option or an option's value) and gives yes/no options an
 explicit value: PopRun accepts ``--offline-mode``, ``--offline-mode yes`` and
-``--offline-mode=1`` alike. Every value is then checked by :mod:`poprun.config`.
+``--offline-mode=1`` alike. Both it and typer's command come from
+:data:`poprun.options.OPTIONS`; typer's command (which imports pydantic, ~50 ms) is built
+only for ``--help`` and ``--version``. Every value is then checked by :mod:`poprun.config`.
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from poprun import __version__, log
 from poprun.errors import EXIT_USAGE, PoprunError
-
-BOOL_OPTIONS = frozenset(
-    {
-        "--print-topology",
-        "--offline-mode",
-        "--numa-aware",
-        "--update-partition",
-        "--reset-partition",
-        "--remove-partition",
-        "--overwrite-config",
-        "--allow-run-as-root",
-        "--dry-run",
-        "--use-default-allocator",
-    }
-)
-_BOOL_WORDS = frozenset({"yes", "no", "true", "false", "1", "0"})
-
-app = typer.Typer(
-    rich_markup_mode=None,
-    add_completion=False,
-    context_settings={"help_option_names": ["-h", "--help"], "allow_interspersed_args": False},
+from poprun.options import (
+    BOOL_WORDS,
+    BY_KEY,
+    FLAGS,
+    OPTIONS,
+    option_name,
+    parse_bool,
+    spelling_table,
 )
 
-Text = Annotated[str | None, typer.Option()]
-Bool = Annotated[str | None, typer.Option(metavar="[yes|no]")]
+if TYPE_CHECKING:
+    from poprun.config import RunConfig
+    from poprun.topology import Topology
 
-
-@app.command(
-    help=(
-        "Launch PROGRAM as --num-instances instances with mpirun, splitting --num-replicas "
-        "replicas evenly over them (PopRun-compatible). Exit code: 0 when every instance "
-        "succeeds; the first failing instance's code (128+N for signal N); 124 at --timeout; "
-        "2 for a usage error (nothing launched)."
-    ),
-    no_args_is_help=False,
+HELP = (
+    "Launch PROGRAM as --num-instances instances with mpirun, splitting --num-replicas "
+    "replicas evenly over them (PopRun-compatible). Exit code: 0 when every instance "
+    "succeeds; the first failing instance's code (128+N for signal N); 124 at --timeout; "
+    "2 for a usage error (nothing launched)."
 )
-def command(
-    program: Annotated[
-        list[str] | None,
-        typer.Argument(metavar="PROGRAM [ARGS]...", help="program and its arguments"),
-    ] = None,
-    num_instances: Annotated[
-        str | None, typer.Option(metavar="N", help="instances (processes) [1]")
-    ] = None,
-    num_replicas: Annotated[
-        str | None, typer.Option(metavar="N", help="replicas over all instances [1]")
-    ] = None,
-    ipus_per_replica: Annotated[
-        str | None, typer.Option(metavar="N", help="devices per replica [1]")
-    ] = None,
-    host: Annotated[
-        list[str] | None,
-        typer.Option("-H", "--host", metavar="HOSTS", help="hosts: a,b or node[0-3,5]"),
-    ] = None,
-    host_file: Annotated[
-        str | None, typer.Option(metavar="FILE", help="file with one host a line")
-    ] = None,
-    mpi_global_args: Annotated[
-        list[str] | None,
-        typer.Option(metavar="ARGS", help="mpirun options before the instances (repeatable)"),
-    ] = None,
-    mpi_local_args: Annotated[
-        list[str] | None, typer.Option(metavar="ARGS", help="mpirun options for every instance")
-    ] = None,
-    instance_mpi_local_args: Annotated[
-        list[str] | None,
-        typer.Option(metavar="IDX:ARGS", help="mpirun options for one instance (repeatable)"),
-    ] = None,
-    only_output_from_instance: Annotated[
-        str | None,
-        typer.Option(metavar="N", help="show only this instance's output on the console"),
-    ] = None,
-    output_dir: Annotated[
-        str | None, typer.Option(metavar="DIR", help="write instance-<i>.stdout/.stderr files here")
-    ] = None,
-    print_topology: Annotated[str | None, typer.Option(metavar="[yes|no]")] = None,
-    dry_run: Annotated[
-        str | None, typer.Option(metavar="[yes|no]", help="print the mpirun argv; launch nothing")
-    ] = None,
-    process_placement: Annotated[
-        str | None,
-        typer.Option(
-            metavar="spreadnuma|disabled", help="bind instances to NUMA nodes [spreadnuma]"
-        ),
-    ] = None,
-    numa_aware: Annotated[
-        str | None, typer.Option(metavar="[yes|no]", help="older name of --process-placement")
-    ] = None,
-    offline_mode: Annotated[
-        str | None, typer.Option(metavar="[yes|no]", help="run on CPU, no accelerators")
-    ] = None,
-    executable_cache_path: Annotated[
-        str | None, typer.Option(metavar="DIR", help="compilation cache directory (exported)")
-    ] = None,
-    import_config: Annotated[
-        str | None, typer.Option(metavar="FILE", help="read options from YAML")
-    ] = None,
-    export_config: Annotated[
-        str | None, typer.Option(metavar="FILE", help="write the effective options as YAML")
-    ] = None,
-    overwrite_config: Annotated[str | None, typer.Option(metavar="[yes|no]")] = None,
-    host_subnet: Annotated[
-        str | None, typer.Option(metavar="CIDR", help="subnet or interface for MPI traffic")
-    ] = None,
-    timeout: Annotated[
-        str | None, typer.Option(metavar="SECONDS", help="end the job after SECONDS (exit 124)")
-    ] = None,
-    allow_run_as_root: Annotated[str | None, typer.Option(metavar="[yes|no]")] = None,
-    use_default_allocator: Annotated[
-        str | None,
-        typer.Option(
-            metavar="[yes|no]",
-            help="leave glibc malloc at its defaults (poprun keeps freed memory in each instance)",
-        ),
-    ] = None,
-    vipu_server_host: Annotated[str | None, typer.Option(hidden=True)] = None,
-    vipu_server_port: Annotated[str | None, typer.Option(hidden=True)] = None,
-    vipu_server_timeout: Annotated[str | None, typer.Option(hidden=True)] = None,
-    vipu_partition: Annotated[str | None, typer.Option(hidden=True)] = None,
-    vipu_partition_attempts: Annotated[str | None, typer.Option(hidden=True)] = None,
-    vipu_allocation: Annotated[str | None, typer.Option(hidden=True)] = None,
-    vipu_cluster: Annotated[str | None, typer.Option(hidden=True)] = None,
-    update_partition: Annotated[str | None, typer.Option(hidden=True)] = None,
-    reset_partition: Annotated[str | None, typer.Option(hidden=True)] = None,
-    remove_partition: Annotated[str | None, typer.Option(hidden=True)] = None,
-    num_ilds: Annotated[str | None, typer.Option(hidden=True)] = None,
-    sync_type: Annotated[str | None, typer.Option(hidden=True)] = None,
-    verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="-v, -vv")] = 0,
-    vv: Annotated[bool, typer.Option("--vv", help="same as -vv")] = False,
-    version: Annotated[bool, typer.Option("--version", help="print the version")] = False,
-) -> None:
-    """Collect the options; :func:`run` does the work."""
-    values = dict(locals())
-    values.pop("program")
+
+
+def _command(**values: Any) -> None:
+    """Collect the options typer parsed; :func:`run` does the work."""
+    program = values.pop("program")
     if values.pop("version"):
         sys.stdout.write(f"poprun {__version__} (PopRun-compatible launcher on Open MPI)\n")
         raise typer.Exit(0)
     if values.pop("vv"):
         values["verbose"] = max(values["verbose"], 2)
     raise typer.Exit(run(values, tuple(program or ())))
+
+
+def _parameters() -> list[inspect.Parameter]:
+    """typer's parameters for :func:`_command`, one per row of the option table."""
+
+    def param(name: str, kind: Any, info: Any, default: Any = None) -> inspect.Parameter:
+        return inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info]
+        )
+
+    params = [
+        param(
+            "program",
+            list[str] | None,
+            typer.Argument(metavar="PROGRAM [ARGS]...", help="program and its arguments"),
+        )
+    ]
+    for option in OPTIONS:
+        info = typer.Option(
+            *option.spellings,
+            metavar=option.metavar,
+            help=option.help or None,
+            hidden=option.hidden,
+        )
+        params.append(param(option.key, list[str] | None if option.multiple else str | None, info))
+    (verbose, verbose_help), (vv, vv_help), (version, version_help), _ = FLAGS
+    params.append(param("verbose", int, typer.Option(*verbose, count=True, help=verbose_help), 0))
+    params.append(param("vv", bool, typer.Option(*vv, help=vv_help), False))
+    params.append(param("version", bool, typer.Option(*version, help=version_help), False))
+    return params
+
+
+def typer_app() -> typer.Typer:
+    """The typer application (built only for ``--help``, ``--version`` and odd input)."""
+    params = _parameters()
+    _command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    _command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    app = typer.Typer(
+        rich_markup_mode=None,
+        add_completion=False,
+        context_settings={
+            "help_option_names": ["-h", "--help"],
+            "allow_interspersed_args": False,
+        },
+    )
+    app.command(help=HELP, no_args_is_help=False)(_command)
+    return app
 
 
 def run(
@@ -167,13 +108,13 @@ def run(
     from poprun.devices import check_pool, device_pool
     from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
     from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
-    from poprun.topology import local_numa_node_count, plan, render
+    from poprun.topology import render
 
     environ = dict(os.environ if environ is None else environ)
     log.set_verbosity(int(values.get("verbose") or 0))
     import_path = values.pop("import_config", None)
     export_path = values.pop("export_config", None)
-    overwrite = cfg.parse_bool("--overwrite-config", values.pop("overwrite_config", None) or "no")
+    overwrite = parse_bool("--overwrite-config", values.pop("overwrite_config", None) or "no")
     file_values = cfg.load_file(import_path) if import_path else None
     if export_path:
         cfg.check_export_path(export_path, overwrite=overwrite)
@@ -183,22 +124,9 @@ def run(
     mpirun = find_mpirun(environ)
     environ = with_allocator_defaults(config, environ)
 
-    numa = {}
-    if config.process_placement == "spreadnuma":
-        nodes = local_numa_node_count()
-        if nodes == 1:
-            log.info("process placement: this host has one NUMA node, so there is nothing to bind")
-        numa = {host: nodes for host in (config.hosts or ("localhost",))}
-    topology = plan(config, numa)
+    topology, numactl = _plan(config, environ)
     pool = device_pool(environ)
     check_pool(topology, pool)
-    numactl = None
-    if any(p.numa_nodes for p in topology.instances):
-        import shutil
-
-        numactl = shutil.which("numactl", path=environ.get("PATH"))
-        if numactl is None:
-            log.warning("numactl is not on PATH: instances are not bound to NUMA nodes")
     argv = build_argv(
         config,
         topology,
@@ -211,7 +139,7 @@ def run(
         device_pool=pool,
     )
     if config.vipu:
-        names = ", ".join(cfg.option_name(k) for k, _ in config.vipu)
+        names = ", ".join(option_name(k) for k, _ in config.vipu)
         log.warning(f"there is no V-IPU here: ignoring {names}")
     if export_path:
         cfg.export_file(config, export_path, overwrite=overwrite)
@@ -225,40 +153,30 @@ def run(
     if config.dry_run:
         sys.stdout.write(quote(argv) + "\n")
         return 0
-    from poprun.supervisor import Supervisor
+    from poprun.supervisor import supervise
 
-    return Supervisor(config, topology, argv, mpirun_environment(config, environ)).run()
-
-
-_MULTIPLE = frozenset({"host", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args"})
+    return supervise(config, topology, argv, mpirun_environment(config, environ))
 
 
-def _option_table() -> dict[str, tuple[bool, str]]:
-    """Every option name → (whether it takes a value, its long name).
+def _plan(config: RunConfig, environ: dict[str, str]) -> tuple[Topology, str | None]:
+    """The topology (NUMA nodes measured here, assumed alike on other hosts) and numactl."""
+    from poprun.topology import local_numa_node_count, plan
 
-    Read from :func:`command`'s signature, not from the click command typer would build:
-    building that imports pydantic (~50 ms), which only ``--help`` needs.
-    """
-    import inspect
-    import typing
+    numa = {}
+    if config.process_placement == "spreadnuma":
+        nodes = local_numa_node_count()
+        if nodes == 1:
+            log.info("process placement: this host has one NUMA node, so there is nothing to bind")
+        numa = {host: nodes for host in (config.hosts or ("localhost",))}
+    topology = plan(config, numa)
+    numactl = None
+    if any(p.numa_nodes for p in topology.instances):
+        import shutil
 
-    table: dict[str, tuple[bool, str]] = {"-h": (False, "--help"), "--help": (False, "--help")}
-    hints = typing.get_type_hints(command, include_extras=True)
-    for name, parameter in inspect.signature(command).parameters.items():
-        info = next(
-            (m for m in getattr(hints[name], "__metadata__", ()) if hasattr(m, "param_decls")), None
-        )
-        if info is None or isinstance(info, typer.models.ArgumentInfo):
-            continue
-        decls = list(info.param_decls or ())
-        if isinstance(info.default, str) and info.default.startswith("-"):
-            decls.insert(0, info.default)  # typer.Option("-H", "--host"): the first is a name
-        decls = decls or ["--" + name.replace("_", "-")]
-        takes_value = parameter.default is None
-        long_name = next((d for d in decls if d.startswith("--")), decls[0])
-        for decl in decls:
-            table[decl] = (takes_value, long_name)
-    return table
+        numactl = shutil.which("numactl", path=environ.get("PATH"))
+        if numactl is None:
+            log.warning("numactl is not on PATH: instances are not bound to NUMA nodes")
+    return topology, numactl
 
 
 def _fast_values(options: list[str]) -> dict[str, Any] | None:
@@ -268,13 +186,13 @@ def _fast_values(options: list[str]) -> dict[str, Any] | None:
         name, _, value = option.partition("=")
         if name in ("--help", "--version"):
             return None
-        if name == "-v":
+        if name in ("-v", "--verbose"):
             values["verbose"] = values.get("verbose", 0) + 1
         elif name == "--vv":
             values["verbose"] = max(values.get("verbose", 0), 2)
         else:
             key = name[2:].replace("-", "_")
-            if key in _MULTIPLE:
+            if BY_KEY[key].multiple:
                 values.setdefault(key, []).append(value)
             else:
                 values[key] = value
@@ -283,7 +201,8 @@ def _fast_values(options: list[str]) -> dict[str, Any] | None:
 
 def normalise(args: list[str]) -> tuple[list[str], list[str]]:
     """Split ``args`` into (options in ``--name=value`` form, program and its arguments)."""
-    table = _option_table()
+    table = spelling_table()
+    yes_no = {option.name for option in OPTIONS if option.yes_no}
     options: list[str] = []
     i = 0
     while i < len(args):
@@ -310,13 +229,13 @@ def normalise(args: list[str]) -> tuple[list[str], list[str]]:
         if not takes_value:
             if eq:
                 raise PoprunError(name, value, "takes no value", f"write just {name}")
-            options.append(name)
+            options.append(long_name)
             i += 1
             continue
         if not eq:
             nxt = args[i + 1] if i + 1 < len(args) else None
-            if name in BOOL_OPTIONS:
-                if nxt is not None and nxt.lower() in _BOOL_WORDS:
+            if long_name in yes_no:
+                if nxt is not None and nxt.lower() in BOOL_WORDS:
                     value = nxt
                     i += 1
                 else:
@@ -343,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         values = _fast_values(options)
         if values is not None:
             return run(values, tuple(program))
-        command_ = typer.main.get_command(app)
+        command_ = typer.main.get_command(typer_app())
         result = command_.main(
             [*options, "--", *program], prog_name="poprun", standalone_mode=False
         )

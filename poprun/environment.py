@@ -66,7 +66,7 @@ def forwarded_names(environ: Mapping[str, str]) -> list[str]:
 
 def shared_values(config: RunConfig) -> dict[str, str]:
     """Values identical for every instance, exported by name from mpirun's own environment."""
-    values = {UNBUFFERED: "1"}
+    values = {UNBUFFERED: "1", contract.ERROR_RECORD: "1", contract.BACKEND: config.backend}
     if config.executable_cache_path:
         values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
     return values
@@ -88,8 +88,7 @@ def instance_values(
         num_local_instances=plan.num_local_instances,
         host=plan.host,
         offline_mode=config.offline_mode,
-    )
-    values.pop(contract.EXECUTABLE_CACHE_PATH, None)  # shared: goes by name
+    )  # the cache path is shared: it goes by name (shared_values)
     values[VISIBLE_DEVICES] = instance_devices(plan, device_pool)
     return values
 

@@ -19,11 +19,6 @@ def set_verbosity(level: int) -> None:
     _level = level
 
 
-def verbosity() -> int:
-    """The level set by :func:`set_verbosity`."""
-    return _level
-
-
 def _emit(tag: str, message: str) -> None:
     now = time.time()
     stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"

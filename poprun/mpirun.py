@@ -25,8 +25,8 @@ Each instance that starts Horovod has two busy threads: its compute thread and H
 background thread, which negotiates every millisecond and spins in MPI while it waits for
 its peers. When those threads outnumber the host's cores, spinning steals the cores the
 compute threads need, so poprun sets ``mpi_yield_when_idle``: a waiting MPI call yields
-its core. Measured on 2 cores with 2 instances: +20 % (MLP) to +25 % (CNN) training
-throughput (``benchmarks/training_throughput.py``).
+its core. Measured on 2 cores with 2 instances when it was introduced: +20 % (MLP) to
++25 % (CNN) training throughput (``benchmarks/training_throughput.py``).
 """
 
 from __future__ import annotations
@@ -139,11 +139,6 @@ def mca_from_environment(environ: Mapping[str, str]) -> frozenset[str]:
     """MCA parameter names set as ``OMPI_MCA_<name>`` in ``environ``."""
     prefix = "OMPI_MCA_"
     return frozenset(k[len(prefix) :] for k in environ if k.startswith(prefix))
-
-
-def numa_counts(topology: Topology, local_count: int) -> dict[str, int]:
-    """NUMA node counts per host: measured here, assumed the same on remote hosts."""
-    return {host: local_count for host in topology.hosts}
 
 
 def quote(argv: Sequence[str]) -> str:

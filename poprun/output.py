@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from popdist.error_record import MARKER
 from poprun.mpirun import PID_MARKER
 
 _TRACEBACK = b"Traceback (most recent call last):"
@@ -26,6 +27,7 @@ _TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 _TAG_PREFIX = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]{0,7}>?)?)?)?")
 #: How many of an instance's last stderr lines the failure report quotes.
 TAIL_LINES = 20
+RECORD_MARKER = MARKER.encode()
 
 
 def prefix(instance: int, kind: str) -> bytes:
@@ -140,13 +142,16 @@ class LineSplitter:
 
 @dataclass
 class InstanceStream:
-    """One instance's stdout or stderr: pid marker, file copy, console lines, stderr tail."""
+    """One instance's stdout or stderr: pid marker, error records, file copy, console, tail."""
 
     instance: int
     kind: str
     console: BinaryIO | None
     file: BinaryIO | None = None
     on_pid: Callable[[int, int], None] | None = None
+    #: Called with each structured error record line (``popdist.error_record``), which is
+    #: then neither shown, nor kept in the tail, nor written to the file.
+    on_record: Callable[[int, bytes], None] | None = None
     splitter: LineSplitter = field(default_factory=LineSplitter)
     tail: collections.deque[bytes] = field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES)
@@ -165,8 +170,6 @@ class InstanceStream:
             data = self._strip_marker(data)
             if not data:
                 return
-        if self.file is not None:
-            self.file.write(data)
         lines = self.splitter.feed(data)
         if lines:
             self._emit(lines)
@@ -179,7 +182,7 @@ class InstanceStream:
         self._marker_pending = None
         rest = self.splitter.flush()
         if rest:
-            self._emit([rest + b"\n"])
+            self._emit([rest + b"\n"], raw=rest)
         if self.file is not None:
             self.file.flush()
 
@@ -191,7 +194,11 @@ class InstanceStream:
             lines.append(pending)
         return [line.decode("utf-8", "replace").rstrip("\r\n") for line in lines][-TAIL_LINES:]
 
-    def _emit(self, lines: list[bytes]) -> None:
+    def _emit(self, lines: list[bytes], raw: bytes | None = None) -> None:
+        if self.on_record is not None:
+            lines = [line for line in lines if not self._is_record(line)]
+        if self.file is not None:  # the file keeps the bytes as written (``raw``: no newline added)
+            self.file.write(b"".join(lines) if raw is None or not lines else raw)
         for line in lines:
             if line.endswith(b"\n") or not line.endswith(b"\r"):
                 self.tail.append(line)
@@ -201,6 +208,13 @@ class InstanceStream:
             head = prefix(self.instance, self.kind)
             # A bare carriage return (progress bars start with one) needs no prefix of its own.
             self.console.write(b"".join(line if line == b"\r" else head + line for line in lines))
+
+    def _is_record(self, line: bytes) -> bool:
+        """Hand a structured error record line to ``on_record`` (it is data, not output)."""
+        if not line.startswith(RECORD_MARKER) or self.on_record is None:
+            return False
+        self.on_record(self.instance, line)
+        return True
 
     def _strip_marker(self, data: bytes) -> bytes:
         pending = (self._marker_pending or b"") + data

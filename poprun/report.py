@@ -1,15 +1,22 @@
-"""mpirun's own messages → the first failing instance; and poprun's root-cause report.
+"""Failure evidence → poprun's root-cause report.
 
-mpirun prints its diagnostics in boxes of dashes. poprun reads the ones that name the first
-failing process (exit code or signal) and prints its own report instead: which instance,
-host, pid, exit code or signal, and the last lines of that instance's stderr.
+Two sources name a failing instance. An instance that raised writes its own structured
+:class:`ErrorRecord` (:mod:`popdist.error_record`) on its stderr; that answer does not
+depend on mpirun's wording and works for remote instances. For anything else (a shell
+script's exit code, a signal) mpirun's diagnostics, printed in boxes of dashes, name the
+first failing process: :class:`MpirunMessages` reads those and swallows them. The report
+names the instance, host, pid, exit code or signal, and then the exception from the record,
+or else the last lines of that instance's stderr.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from dataclasses import dataclass
+
+from popdist.error_record import MARKER
 
 _EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)", re.S)
 _SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
@@ -47,6 +54,48 @@ class Failure:
         if not self.status_known:
             return "ended first (mpirun was stopped before it reported the exit status)"
         return "exited without finishing MPI (MPI_Finalize not called)"
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """An instance's own record of its uncaught exception."""
+
+    type: str
+    message: str
+    traceback: str
+    pid: int | None = None
+    host: str | None = None
+    instance: int | None = None
+
+    @classmethod
+    def from_line(cls, line: bytes) -> ErrorRecord | None:
+        """The record a marked stderr line carries; None when ``line`` is not a record."""
+        marker = MARKER.encode()
+        if not line.startswith(marker):
+            return None
+        try:
+            data = json.loads(line[len(marker) :].decode("utf-8", "replace"))
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+            return None
+
+        def text(key: str) -> str:
+            value = data.get(key)
+            return value if isinstance(value, str) else ""
+
+        def number(key: str) -> int | None:
+            value = data.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        return cls(
+            type=text("type"),
+            message=text("message"),
+            traceback=text("traceback"),
+            pid=number("pid"),
+            host=text("host") or None,
+            instance=number("instance"),
+        )
 
 
 class MpirunMessages:
@@ -121,11 +170,16 @@ def failure_report(
     pid: int | None,
     tail: list[str],
     exit_code: int,
+    error: ErrorRecord | None = None,
 ) -> str:
     """The root-cause report printed when an instance fails."""
     where = f"host {host}, pid {pid if pid is not None else 'unknown'}"
     lines = [f"poprun: instance {failure.instance} failed first: {failure.describe()} ({where})"]
-    if tail:
+    if error is not None:
+        message = f"{error.type}: {error.message}" if error.message else error.type
+        lines.append(f"poprun: instance {failure.instance} raised {message}")
+        lines.extend(f"    {line}" for line in error.traceback.rstrip("\n").splitlines())
+    elif tail:
         lines.append(f"poprun: last {len(tail)} lines of instance {failure.instance}'s stderr:")
         lines.extend(f"    {line}" for line in tail)
     else:

@@ -44,10 +44,6 @@ class Topology:
     instances: tuple[InstancePlan, ...]
     explicit_hosts: bool
 
-    def on_host(self, host: str) -> list[InstancePlan]:
-        """The instances placed on ``host``."""
-        return [plan for plan in self.instances if plan.host == host]
-
 
 def spread_numa(local_index: int, num_local: int, num_nodes: int) -> tuple[int, ...]:
     """This instance's share of ``num_nodes`` NUMA nodes (contiguous blocks; shared if fewer nodes)."""

@@ -89,6 +89,18 @@ def pytest_configure(config: pytest.Config) -> None:
 TIERS = ("unit", "launch", "parallel")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under ``CI=true`` a test skipped for want of Horovod fails: CI must have built it."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if os.environ.get("CI", "").lower() != "true" or not report.skipped:
+        return
+    if "horovod" in str(report.longrepr).lower() and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"CI=true and Horovod is missing: {report.longrepr}"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test with its tier (its directory), so `-m unit` selects a tier."""
     for item in items:

@@ -20,6 +20,7 @@ for name in getters:
     if hasattr(popdist, name):
         view[name] = getattr(popdist, name)()
 view["argv"] = sys.argv[2:]
-view["env"] = {k: os.environ.get(k) for k in ("SENTINEL", "PYTHONUNBUFFERED", "BASH_FUNC_f%%")}
+shown = ("SENTINEL", "PYTHONUNBUFFERED", "BASH_FUNC_f%%", "POPDIST_BACKEND")
+view["env"] = {k: os.environ.get(k) for k in shown}
 with open(os.path.join(sys.argv[1], f"{view['instance_index']}.json"), "w") as handle:
     json.dump(view, handle)

@@ -80,6 +80,8 @@ def test_popdist_view_of_eight_replicas_on_four_instances(tmp_path: Path) -> Non
         "4",
         "--ipus-per-replica",
         "2",
+        "--backend",
+        "torch",
         PY,
         str(BIN / "popdist_view.py"),
         str(tmp_path),
@@ -98,6 +100,7 @@ def test_popdist_view_of_eight_replicas_on_four_instances(tmp_path: Path) -> Non
         assert view["argv"] == awkward
         assert view["env"]["SENTINEL"] == "a 'quoted' \"value\" with spaces"
         assert view["env"]["PYTHONUNBUFFERED"] == "1"
+        assert view["env"]["POPDIST_BACKEND"] == "torch"
         assert view["from_poprun"] is True
 
 
@@ -163,17 +166,50 @@ def test_only_output_from_one_instance_while_output_dir_holds_all(tmp_path: Path
 
 @pytest.mark.parametrize(("how", "code"), [("3", 3), ("kill", 137)])
 def test_one_failing_instance_ends_the_job_with_its_code(how: str, code: int) -> None:
-    began = time.monotonic()
+    # The others sleep 60 s: the job must be ended for them (poprun's timeout fails the test).
     result = poprun(
-        "--num-replicas", "3", "--num-instances", "3", str(BIN / "fail_one.sh"), "1", how
+        "--num-replicas",
+        "3",
+        "--num-instances",
+        "3",
+        str(BIN / "fail_one.sh"),
+        "1",
+        how,
+        timeout=30,
     )
-    elapsed = time.monotonic() - began
     assert result.returncode == code, result.stderr
-    assert elapsed < 10  # sleepers would otherwise run 60 s
     assert "poprun: instance 1 failed first" in result.stderr
     assert "host localhost, pid " in result.stderr
     assert "    instance 1 is failing on purpose" in result.stderr
     assert "Primary job" not in result.stderr  # mpirun's box became poprun's report
+    assert_no_descendants()
+
+
+def test_an_instance_reports_its_own_exception_as_a_record(tmp_path: Path) -> None:
+    out = tmp_path / "logs"
+    result = poprun(
+        "--num-replicas",
+        "2",
+        "--num-instances",
+        "2",
+        "--output-dir",
+        str(out),
+        PY,
+        str(BIN / "raise_one.py"),
+        "1",
+    )
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    first = lines.index(next(line for line in lines if "failed first" in line))
+    assert lines[first].startswith("poprun: instance 1 failed first: exit code 1 (host ")
+    assert lines[first + 1] == "poprun: instance 1 raised ValueError: bad shard on instance 1"
+    assert "    ValueError: bad shard on instance 1" in lines[first + 2 :]
+    # The record is data: neither on the console nor in the instance's file; the normal
+    # traceback still printed.
+    assert "popdist-error" not in result.stderr + result.stdout
+    saved = (out / "instance-1.stderr").read_text()
+    assert "\x1f" not in saved and saved.startswith("about to fail\nTraceback")
+    assert "[1,1]<stderr>:ValueError: bad shard on instance 1" in result.stderr
     assert_no_descendants()
 
 
@@ -212,10 +248,8 @@ def test_signals_are_forwarded(sig: signal.Signals, code: int) -> None:
     assert proc.stdout is not None and proc.stderr is not None
     wait_for_line(proc.stdout, "up", 2)
     proc.send_signal(sig)
-    began = time.monotonic()
-    proc.wait(timeout=10)
-    assert time.monotonic() - began < 3.0
-    assert proc.returncode == code
+    # How fast it ends is measured in benchmarks/launch_overhead.py ("Ctrl-C to exit").
+    assert proc.wait(timeout=30) == code
     proc.stdout.close()
     proc.stderr.close()
     assert_no_descendants(within=3.0)
@@ -235,6 +269,12 @@ def test_instances_do_not_outlive_a_sigkilled_poprun() -> None:
 
 
 def test_ctrl_c_on_one_job_leaves_the_other_running(tmp_path: Path) -> None:
+    # The survivor's instances cannot finish before the test lets them (each reads a line
+    # from its own FIFO), so however slowly either job starts, the survivor is still running
+    # when the victim gets Ctrl-C.
+    go = tmp_path / "go"
+    for i in (0, 1):
+        os.mkfifo(f"{go}.{i}")
     victim = start(
         "--num-replicas", "2", "--num-instances", "2", "sh", "-c", "echo up; exec sleep 60"
     )
@@ -247,19 +287,29 @@ def test_ctrl_c_on_one_job_leaves_the_other_running(tmp_path: Path) -> None:
         str(tmp_path / "b"),
         "sh",
         "-c",
-        "echo up; sleep 2; echo done",
+        'echo up; read line < "$0.$POPDIST_INSTANCE_INDEX"; echo "done $line"',
+        str(go),
     )
     assert victim.stdout is not None and survivor.stdout is not None
     wait_for_line(victim.stdout, "up", 2)
+    wait_for_line(survivor.stdout, "up", 2)
     victim.send_signal(signal.SIGINT)
     assert victim.wait(timeout=10) == 130
-    out, err = survivor.communicate(timeout=30)
+    assert survivor.poll() is None
+    # O_RDWR never blocks on a FIFO: the line waits there for the instance to read it.
+    fds = [os.open(f"{go}.{i}", os.O_RDWR | os.O_NONBLOCK) for i in (0, 1)]
+    try:
+        for fd in fds:
+            os.write(fd, b"go\n")
+        out, err = survivor.communicate(timeout=30)
+    finally:
+        for fd in fds:
+            os.close(fd)
     assert survivor.returncode == 0, err
-    assert out.count("done") == 2
-    for proc in (victim,):
-        assert proc.stdout is not None and proc.stderr is not None
-        proc.stdout.close()
-        proc.stderr.close()
+    assert out.count("done go") == 2
+    assert victim.stdout is not None and victim.stderr is not None
+    victim.stdout.close()
+    victim.stderr.close()
     assert_no_descendants()
 
 

@@ -160,6 +160,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
         ["--process-placement", "everywhere", "true"],
         ["--process-placement=everywhere", "spreadnuma or disabled"],
     ),
+    ("unknown backend", ["--backend", "mpi", "true"], ["--backend=mpi", "horovod or torch"]),
     ("bad yes/no value", ["--offline-mode=maybe", "true"], ["--offline-mode=maybe", "yes/no"]),
     (
         "conflicting NUMA options",

@@ -165,3 +165,63 @@ def test_the_users_allocator_choice_wins(environ: dict[str, str], tuned: bool) -
     assert all((got.get(name) == value) == tuned for name, value in ALLOCATOR_DEFAULTS.items())
     off = with_allocator_defaults(RunConfig(program=("p",), use_default_allocator=True), {})
     assert off == {}
+
+
+@pytest.mark.parametrize("word", ["on", "off", "y", "n", "TRUE", "No"])
+def test_every_yes_no_word_is_taken_as_the_value_not_the_program(word: str) -> None:
+    # Once `--offline-mode on true` read `on` as the program: the words come from one table.
+    assert normalise(["--offline-mode", word, "true"]) == ([f"--offline-mode={word}"], ["true"])
+
+
+def test_the_option_table_drives_help_yaml_and_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from typer.main import get_command
+
+    from poprun.cli import typer_app
+    from poprun.options import OPTIONS
+
+    command = get_command(typer_app())
+    spelled = {decl for param in command.params for decl in param.opts}
+    for option in OPTIONS:
+        assert set(option.spellings) <= spelled, option.key
+    assert main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    assert all((option.name in shown) != option.hidden for option in OPTIONS)
+    # every exported option reads back from YAML to the same configuration
+    path = tmp_path / "all.yaml"
+    args = [*BASE, "--backend", "torch", "--timeout", "30", "--host-subnet", "lo"]
+    args += ["--only-output-from-instance", "0"]
+    first = _dry(capsys, *args, "--output-dir", str(tmp_path), "--export-config", str(path))
+    exported = path.read_text()
+    for key in (
+        "backend: torch",
+        "timeout: 30.0",
+        "host-subnet: lo",
+        "output-dir: ",
+        "instance: 0",
+    ):
+        assert key in exported
+    assert _dry(capsys, "--import-config", str(path)) == first
+
+
+@pytest.mark.parametrize(("args", "expected"), [([], "horovod"), (["--backend", "torch"], "torch")])
+def test_backend_is_exported_to_every_instance(args: list[str], expected: str) -> None:
+    from poprun.config import build
+    from poprun.environment import mpirun_environment
+
+    config = build({"backend": args[1]} if args else {}, ("true",), {"PATH": "/bin:/usr/bin"})
+    assert config.backend == expected
+    assert mpirun_environment(config, {"POPDIST_BACKEND": "stale"})["POPDIST_BACKEND"] == expected
+
+
+def test_backend_from_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("backend: torch\n")
+    assert main(["--import-config", str(path), "--export-config", str(tmp_path / "o.yaml")]) == 0
+    assert "backend: torch" in (tmp_path / "o.yaml").read_text()
+    path.write_text("backend: mpi\n")
+    assert main(["--import-config", str(path), "--dry-run=yes", "true"]) == 2
+    assert "--backend=mpi: is not one of the choices; fix: use horovod or torch" in (
+        capsys.readouterr().err
+    )

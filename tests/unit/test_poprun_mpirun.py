@@ -53,7 +53,10 @@ def _ctx(**values: object) -> list[str]:
 HEAD = ["mpirun", "--tag-output", "--bind-to", "none"]
 SHM = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]  # single-host defaults
 YIELD = ["--mca", "mpi_yield_when_idle", "1"]  # ... when threads outnumber the cores
-FORWARD = ["-x", "HOME", "-x", "PATH", "-x", "PYTHONUNBUFFERED"]
+FORWARD = [
+    *("-x", "HOME", "-x", "PATH", "-x", "POPDIST_BACKEND", "-x", "POPDIST_ERROR_RECORD"),
+    *("-x", "PYTHONUNBUFFERED"),
+]
 
 
 def _values(
@@ -210,11 +213,15 @@ def test_host_subnet_maps_to_interface_selection() -> None:
 
 def test_cache_path_goes_by_name() -> None:
     argv = _argv(_config(executable_cache_path="/tmp/with space"))
-    assert argv[10:18] == [
+    assert argv[10:22] == [
         "-x",
         "HOME",
         "-x",
         "PATH",
+        "-x",
+        "POPDIST_BACKEND",
+        "-x",
+        "POPDIST_ERROR_RECORD",
         "-x",
         "POPDIST_EXECUTABLE_CACHE_PATH",
         "-x",

@@ -1,0 +1,156 @@
+"""What a finished job means (pure): the supervisor's result record → exit code and report.
+
+The supervisor (:mod:`poprun.supervisor`) only runs the job and records what it saw in a
+:class:`RunResult`; :func:`decide` turns that record into poprun's exit code and the text it
+prints. Every branch (signals, time-out, first failure, unknown status, error records,
+escalation) is a plain function of the record, so each is unit-tested without a process.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIMEOUT
+from poprun.report import ErrorRecord, Failure, failure_report
+
+
+@dataclass(frozen=True)
+class InstanceResult:
+    """One instance as the supervisor last saw it."""
+
+    index: int
+    host: str
+    pid: int | None = None
+    #: The last lines of its stderr (the report's fallback when there is no error record).
+    stderr_tail: tuple[str, ...] = ()
+    #: Its own structured record of an uncaught exception, if it wrote one.
+    error: ErrorRecord | None = None
+    #: When its error record (or else a Python traceback) reached poprun (monotonic s).
+    raised_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Everything the supervisor observed in one run, for :func:`decide`."""
+
+    instances: tuple[InstanceResult, ...]
+    #: mpirun's exit status (``Popen.returncode``: negative for a signal); None: never started.
+    returncode: int | None
+    #: Why mpirun could not be started, when it could not.
+    launch_error: str | None = None
+    #: Signals poprun received, in order (the first was forwarded, a second killed the job).
+    signals: tuple[int, ...] = ()
+    #: ``--timeout`` in seconds, and whether it expired.
+    timeout: float | None = None
+    timed_out: bool = False
+    #: Instances still running when the time-out expired.
+    still_running: tuple[int, ...] = ()
+    #: The first failure mpirun's own messages named, if they named one.
+    mpirun_failure: Failure | None = None
+    #: Local instances that had ended when mpirun announced the abort, in the order they ended;
+    #: None when mpirun never announced one.
+    exited_at_abort: tuple[int, ...] | None = None
+    #: Whether poprun had to SIGKILL instances (or mpirun) after the grace period.
+    escalated: bool = False
+
+
+def decide(result: RunResult) -> tuple[int, str]:
+    """poprun's exit code and the report to print on stderr ("" when there is nothing to say)."""
+    if result.returncode is None:
+        return EXIT_LAUNCH_FAILED, f"poprun: cannot start mpirun: {result.launch_error}"
+    if result.signals:
+        return _signalled(result.signals)
+    if result.timed_out:
+        return _timed_out(result)
+    failure = root_cause(result)
+    if failure is not None and 0 <= failure.instance < len(result.instances):
+        return _failed(result, failure)
+    if result.returncode < 0:
+        return 128 - result.returncode, ""
+    return result.returncode, ""
+
+
+def _signalled(signals: tuple[int, ...]) -> tuple[int, str]:
+    code = 128 + signals[0]
+    name = _signal_name(signals[0])
+    if len(signals) > 1:
+        again = _signal_name(signals[1])
+        return code, (
+            f"poprun: received {name}, then {again}: killed the job at once; exit code {code}"
+        )
+    return code, f"poprun: received {name}; ended the job; exit code {code}"
+
+
+def _timed_out(result: RunResult) -> tuple[int, str]:
+    running = ", ".join(
+        f"{i} (host {result.instances[i].host}, pid {_pid(result.instances[i])})"
+        for i in result.still_running
+    )
+    return EXIT_TIMEOUT, (
+        f"poprun: --timeout={result.timeout or 0:g} s expired; "
+        f"instances still running: {running or 'none'}\n"
+        f"poprun: ended the job; exit code {EXIT_TIMEOUT}"
+    )
+
+
+def root_cause(result: RunResult) -> Failure | None:
+    """The instance that failed first, and how, or None when nothing failed.
+
+    An instance that raised (its error record, else its traceback) is the root cause even
+    when another ended first: under Horovod an exception on one instance shuts the others
+    down, and those may exit before it. Otherwise mpirun's own note names the instance;
+    when mpirun aborted without naming it, the last local instance to end before the abort
+    did, and mpirun's status is its code.
+    """
+    failure = result.mpirun_failure
+    if failure is None and result.exited_at_abort:
+        last = result.exited_at_abort[-1]
+        code = result.returncode or 0
+        if code > 128:
+            failure = Failure(last, signal=code - 128)
+        elif code > 0:
+            failure = Failure(last, exit_code=code)
+        else:  # mpirun itself was ended before it said: the status is not known
+            failure = Failure(last, status_known=False)
+    raised = sorted((i.raised_at, i.index) for i in result.instances if i.raised_at is not None)
+    if raised and (failure is None or raised[0][1] != failure.instance):
+        first = raised[0][1]
+        if failure is None:
+            code = result.returncode or 0
+            return Failure(first, exit_code=code if 0 < code <= 128 else 1)
+        return Failure(first, failure.exit_code, failure.signal, failure.status_known)
+    return failure
+
+
+def _failed(result: RunResult, failure: Failure) -> tuple[int, str]:
+    code = failure.poprun_exit_code
+    if failure.exit_code is None and failure.signal is None:
+        code = max(result.returncode or 0, 0) or 1
+    instance = result.instances[failure.instance]
+    report = failure_report(
+        failure,
+        host=instance.host,
+        pid=instance.pid if instance.pid is not None else _record_pid(instance),
+        tail=list(instance.stderr_tail),
+        error=instance.error,
+        exit_code=code,
+    )
+    if result.escalated:
+        report += "\npoprun: the job did not end by itself in time: poprun sent SIGKILL"
+    return code, report
+
+
+def _record_pid(instance: InstanceResult) -> int | None:
+    return instance.error.pid if instance.error is not None else None
+
+
+def _pid(instance: InstanceResult) -> str:
+    return str(instance.pid) if instance.pid is not None else "unknown"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
