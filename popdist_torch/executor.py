@@ -246,6 +246,9 @@ class PoplarExecutor:
         self._attached = True
         self._destroyed = False
         self._fused: bool | None = None  # vmap over replicas: unknown until the first call
+        if opts.Precision.autocast_enabled:
+            # torch.autocast has no effect inside vmap: half precision runs replicas in turn.
+            self._fused = False
         self._runner: Any = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._reducer: Any = None
@@ -478,7 +481,8 @@ class PoplarExecutor:
         outputs = []
         for i in range(r):
             args, kwargs = batch.rebuild([t[i] for t in inputs])
-            out = self._user_model(*args, **kwargs)
+            with self._autocast():
+                out = self._user_model(*args, **kwargs)
             loss = _loss_of(out)
             _check_scalar(loss)
             self._arm(last and i == r - 1)
@@ -565,8 +569,17 @@ class PoplarExecutor:
         outputs = []
         for i in range(r):
             args, kwargs = batch.rebuild([t[i] for t in inputs])
-            outputs.append(_detach(self._user_model(*args, **kwargs)))
+            with self._autocast():
+                outputs.append(_detach(self._user_model(*args, **kwargs)))
         return _stack(outputs)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast`` on the instance's device when ``Precision.autocastEnabled``."""
+        precision = self._options.Precision
+        if not precision.autocast_enabled:
+            return contextlib.nullcontext()
+        dtype = getattr(torch, precision.autocast_dtype)
+        return torch.autocast(device_type=self._device.type, dtype=dtype)
 
     @contextlib.contextmanager
     def _optimizer_state_on_device(self) -> Iterator[None]:

@@ -111,3 +111,34 @@ def test_an_inference_model_of_the_same_module_shares_the_placed_weights(
     assert model.fc.weight is weight and weight.device == META
     opt = training.getOptimizer()
     assert opt is not None and opt.param_groups[0]["params"][0] is weight
+
+
+# --- half precision -----------------------------------------------------------------------
+
+
+def test_autocast_runs_forward_in_half_and_keeps_weights_in_float32() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    opts = pt.Options().replicationFactor(2)
+    opts.Precision.autocastEnabled(True)
+    assert opts.Precision.toDict() == {"autocast": True, "autocast_dtype": "bfloat16"}
+    training = pt.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    before = model.fc.weight.detach().clone()
+    out, _ = training(torch.randn(8, 3), torch.randn(8, 2))
+    assert out.dtype == torch.bfloat16  # the Linear ran under autocast
+    assert model.fc.weight.dtype == torch.float32 and not torch.equal(model.fc.weight, before)
+    inference = pt.inferenceModel(model, opts)
+    assert inference(torch.randn(4, 3), torch.randn(4, 2))[0].dtype == torch.bfloat16
+
+
+def test_without_autocast_the_model_computes_in_float32() -> None:
+    out, _ = pt.inferenceModel(Net())(torch.randn(4, 3), torch.randn(4, 2))
+    assert out.dtype == torch.float32
+
+
+def test_autocast_takes_float16_and_rejects_other_types() -> None:
+    opts = pt.Options()
+    opts.Precision.autocastEnabled(True, torch.float16)
+    assert opts.Precision.autocast_dtype == "float16"
+    with pytest.raises(ValueError, match=r"autocastEnabled\(dtype=torch.float64\)"):
+        opts.Precision.autocastEnabled(True, torch.float64)
