@@ -81,6 +81,9 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             1500,
             "training-throughput-goals",
         ),
+        "torch_backend": (
+            [PY, str(here / "torch_backend.py"), "--rounds", "5"], 900, "torch-backend",
+        ),
     }  # fmt: skip
 
 
@@ -290,11 +293,35 @@ def headline() -> tuple[list[Row], list[Row]]:
                 tuning.append([f"training {model.upper()}, popdist_torch 2 instances (samples/s)",
                                f"{b:.0f}", f"{a:.0f}", f"{a / b:.2f}"])  # fmt: skip
 
+    _torch_backend_goals(goals)
     pipe = _load("pipeline-benchmark")
     if pipe:
         r = float(pipe["ratio"])
         _goal(goals, "issue 8: pipelined ≥ 1.5× sharded", f"{r:.2f}×", r, r >= 1.5)
     return goals, tuning
+
+
+def _torch_backend_goals(goals: list[Row]) -> None:
+    """Issue 19's CPU goals from docs/torch-backend.json (the GPU ones: ``make gpu-check``)."""
+    tb = _load("torch-backend")
+    if not tb:
+        _goal(goals, "issue 19: torch backend", "not measured in this run", None, None)
+        return
+    for size, got in tb["allreduce"].items():
+        mb = int(size) >> 20
+        for key, anchor in (
+            ("torch_vs_horovod", "Horovod's"),
+            ("torch_vs_mpi", "raw MPI_Allreduce"),
+        ):
+            r = got[key]
+            _goal(goals, f"issue 19: torch backend gradient path / {anchor}, {mb} MB ≥ 0.9",
+                  f"{r:.2f}× (median per round)", r, r >= 0.9)  # fmt: skip
+    if "training" in tb:
+        r = tb["training"]["ratios"]["torch_vs_ddp"]
+        _goal(goals, "issue 19: MLP training, --backend torch ≥ 1.0× torchrun + DDP",
+              f"{r:.2f}× (median per round)", r, r >= 1.0)  # fmt: skip
+    _goal(goals, "issue 19: GPU, 1 instance × N local replicas ≥ 0.9× plain torch on the N× batch",
+          "not measured here: `make gpu-check` on a machine with a GPU", None, None)  # fmt: skip
 
 
 def _body(stem: str) -> str:
@@ -316,6 +343,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Training throughput", "training-throughput", "training-throughput.png"),
     ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
+    ("The torch.distributed backend", "torch-backend", None),
 ]
 
 
