@@ -245,9 +245,15 @@ class TorchCollectives(Collectives):
         return self._backend
 
     def start(self) -> None:
+        """Initialise torch.distributed, or join the default group someone else started."""
         if self.is_started():
             return
-        self._backend = _start(read_run())
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self._backend = str(dist.get_backend())
+        else:
+            self._backend = _start(read_run())
         self._size = self.size()
 
     def is_started(self) -> bool:
