@@ -220,7 +220,10 @@ def test_python_exception_in_a_horovod_collective_ends_the_job() -> None:
     )
     assert result.returncode == 1, result.stderr
     assert "poprun: instance 1 failed first: exit code 1" in result.stderr
-    assert "RuntimeError: instance 1 fails inside the training step" in result.stderr
+    assert (
+        "poprun: instance 1 raised RuntimeError: instance 1 fails inside the training step"
+        in result.stderr
+    )
     assert_no_descendants()
 
 
