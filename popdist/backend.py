@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import atexit
 
-from popdist.env import PopdistError, read_backend, read_run
+from popdist.env import PopdistError, RunView, read_backend, read_run
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:
@@ -83,16 +83,21 @@ def init(backend: str | None = None) -> None:
     size, rank = started.size(), started.rank()
     if (size, rank) != (run.num_instances, run.instance_index):
         started.shutdown()
-        where = "poprun's POPDIST_*" if run.from_poprun else "the environment"
-        raise PopdistError(
-            f"{started.label or started.name} sees rank {rank} of {size} processes but "
-            f"{where} says instance {run.instance_index} of {run.num_instances}: start every "
-            f"instance from one poprun (or mpirun) command and do not mix launchers"
-        )
+        raise world_mismatch(started.label or started.name, rank, size, run)
     _active, _initialized = name, True
     if not _atexit_registered:
         atexit.register(finalizeBackend)
         _atexit_registered = True
+
+
+def world_mismatch(who: str, rank: int, size: int, run: RunView) -> PopdistError:
+    """The error for a backend (``who``) whose world is not the run the environment gives."""
+    where = "poprun's POPDIST_*" if run.from_poprun else "the environment"
+    return PopdistError(
+        f"{who} sees rank {rank} of {size} processes but {where} says instance "
+        f"{run.instance_index} of {run.num_instances}: start every instance from one poprun "
+        f"(or mpirun) command and do not mix launchers"
+    )
 
 
 #: PopDist's other name for :func:`init`.

@@ -2,7 +2,11 @@
 
 This module is the single source of truth for every variable ``poprun`` exports to an
 instance. ``poprun`` builds the values with :func:`instance_environment`; ``popdist``
-reads them back with :func:`read_run`. Nothing else in the project spells these names.
+reads them back with :func:`read_run`, through one detector per source of the description
+(:class:`PoprunEnvironment`, :class:`MpirunEnvironment`, :class:`SingleProcessEnvironment`).
+Nothing else in the project spells these names, and popdist_torch reads no variable
+itself: the few the executor needs (:data:`POPTORCH_CACHE_DIR`, :data:`OMP_NUM_THREADS`,
+the names given to ``Distributed.setEnvVarNames``) are read here too.
 
 =========================================  ====================================================
 variable                                   value
@@ -267,71 +271,6 @@ def _int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
     return value
 
 
-def _read_poprun(environ: Mapping[str, str]) -> RunView:
-    missing = [name for name in REQUIRED if name not in environ]
-    if missing:
-        present = next(name for name in (*REQUIRED, *POPRUN_ONLY) if name in environ)
-        raise PopdistError(
-            f"{missing[0]} is not set but {present}={environ[present]!r} is: the POPDIST_* "
-            f"environment is half set; launch with poprun, or unset every POPDIST_* variable "
-            f"to run alone"
-        )
-    total = _int(environ, NUM_TOTAL_REPLICAS, minimum=1)
-    ipr = _int(environ, NUM_IPUS_PER_REPLICA, minimum=1)
-    local = _int(environ, NUM_LOCAL_REPLICAS, minimum=1)
-    offset = _int(environ, REPLICA_INDEX_OFFSET, minimum=0)
-    local_index = _int(environ, LOCAL_INSTANCE_INDEX, minimum=0)
-    uniform = environ[UNIFORM_REPLICAS_PER_INSTANCE].strip()
-    if uniform != "1":
-        raise PopdistError(
-            f"{UNIFORM_REPLICAS_PER_INSTANCE}={uniform!r}: only a uniform number of replicas "
-            f"per instance is supported (expected '1')"
-        )
-    if total % local:
-        raise PopdistError(
-            f"{NUM_TOTAL_REPLICAS}={total} is not a multiple of {NUM_LOCAL_REPLICAS}={local}; "
-            f"every instance must own the same number of replicas"
-        )
-    if offset % local or offset >= total:
-        raise PopdistError(
-            f"{REPLICA_INDEX_OFFSET}={offset} must be a multiple of {NUM_LOCAL_REPLICAS}={local} "
-            f"below {NUM_TOTAL_REPLICAS}={total}"
-        )
-    num_instances = total // local
-    instance_index = offset // local
-    for name, derived, minimum in (
-        (NUM_INSTANCES, num_instances, 1),
-        (INSTANCE_INDEX, instance_index, 0),
-    ):
-        if name in environ and _int(environ, name, minimum=minimum) != derived:
-            raise PopdistError(
-                f"{name}={environ[name]!r} disagrees with the replica variables, which give "
-                f"{derived}; relaunch with poprun"
-            )
-    num_local_instances = (
-        _int(environ, NUM_LOCAL_INSTANCES, minimum=1) if NUM_LOCAL_INSTANCES in environ else 1
-    )
-    if local_index >= max(num_local_instances, 1) and NUM_LOCAL_INSTANCES in environ:
-        raise PopdistError(
-            f"{LOCAL_INSTANCE_INDEX}={local_index} must be below "
-            f"{NUM_LOCAL_INSTANCES}={num_local_instances}"
-        )
-    return RunView(
-        num_total_replicas=total,
-        num_ipus_per_replica=ipr,
-        num_local_replicas=local,
-        replica_index_offset=offset,
-        local_instance_index=local_index,
-        num_instances=num_instances,
-        instance_index=instance_index,
-        num_local_instances=num_local_instances,
-        host=environ.get(HOST, ""),
-        offline_mode=_flag(environ, OFFLINE_MODE),
-        executable_cache_path=environ.get(EXECUTABLE_CACHE_PATH) or None,
-        from_poprun=True,
-    )
-
-
 def _flag(environ: Mapping[str, str], name: str) -> bool:
     raw = environ.get(name, "")
     value = raw.strip().lower()
@@ -342,35 +281,194 @@ def _flag(environ: Mapping[str, str], name: str) -> bool:
     raise PopdistError(f"{name}={raw!r} is not a flag: expected 1 or 0")
 
 
-def _read_ompi(environ: Mapping[str, str]) -> RunView:
-    for name, other in ((OMPI_SIZE, OMPI_RANK), (OMPI_RANK, OMPI_SIZE)):
-        if name not in environ:
+def _stand_alone(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The variables that may stand alone, whoever launched the process."""
+    return {
+        "offline_mode": _flag(environ, OFFLINE_MODE),
+        "executable_cache_path": environ.get(EXECUTABLE_CACHE_PATH) or None,
+    }
+
+
+class RunEnvironment:
+    """One source of the run's description (Lightning's cluster environments are the model).
+
+    :meth:`detect` says whether this source describes the process; :meth:`read` builds the
+    :class:`RunView` from it, or raises :class:`PopdistError` when it is malformed.
+    :data:`DETECTORS` lists the sources, the first that detects wins.
+    """
+
+    #: How messages and logs name the source.
+    name = ""
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        """Whether this source describes the process."""
+        raise NotImplementedError
+
+    @staticmethod
+    def read(environ: Mapping[str, str]) -> RunView:
+        """This process's :class:`RunView` from this source."""
+        raise NotImplementedError
+
+
+class PoprunEnvironment(RunEnvironment):
+    """poprun's ``POPDIST_*`` set: complete, or any of it present is a half-set error."""
+
+    name = "poprun"
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return any(name in environ for name in (*REQUIRED, *POPRUN_ONLY))
+
+    @staticmethod
+    def read(environ: Mapping[str, str]) -> RunView:
+        missing = [name for name in REQUIRED if name not in environ]
+        if missing:
+            present = next(name for name in (*REQUIRED, *POPRUN_ONLY) if name in environ)
             raise PopdistError(
-                f"{name} is not set but {other}={environ[other]!r} is: Open MPI sets both; "
-                f"launch with poprun or mpirun, or unset OMPI_COMM_WORLD_* to run alone"
+                f"{missing[0]} is not set but {present}={environ[present]!r} is: the POPDIST_* "
+                f"environment is half set; launch with poprun, or unset every POPDIST_* "
+                f"variable to run alone"
             )
-    size = _int(environ, OMPI_SIZE, minimum=1)
-    rank = _int(environ, OMPI_RANK, minimum=0)
-    if rank >= size:
-        raise PopdistError(f"{OMPI_RANK}={rank} must be below {OMPI_SIZE}={size}")
-    local_rank = _int(environ, OMPI_LOCAL_RANK, minimum=0) if OMPI_LOCAL_RANK in environ else 0
-    local_size = _int(environ, OMPI_LOCAL_SIZE, minimum=1) if OMPI_LOCAL_SIZE in environ else 1
-    if OMPI_LOCAL_SIZE in environ and local_rank >= local_size:
-        raise PopdistError(
-            f"{OMPI_LOCAL_RANK}={local_rank} must be below {OMPI_LOCAL_SIZE}={local_size}"
+        replicas = PoprunEnvironment._replicas(environ)
+        return RunView(
+            **replicas,
+            **PoprunEnvironment._instances(environ, replicas),
+            host=environ.get(HOST, ""),
+            **_stand_alone(environ),
+            from_poprun=True,
         )
-    return RunView(
-        num_total_replicas=size,
-        num_local_replicas=1,
-        replica_index_offset=rank,
-        local_instance_index=local_rank,
-        num_instances=size,
-        instance_index=rank,
-        num_local_instances=local_size,
-        offline_mode=_flag(environ, OFFLINE_MODE),
-        executable_cache_path=environ.get(EXECUTABLE_CACHE_PATH) or None,
-        from_poprun=False,
-    )
+
+    @staticmethod
+    def _replicas(environ: Mapping[str, str]) -> dict[str, Any]:
+        """PopRun's own replica variables, checked against one another."""
+        total = _int(environ, NUM_TOTAL_REPLICAS, minimum=1)
+        ipr = _int(environ, NUM_IPUS_PER_REPLICA, minimum=1)
+        local = _int(environ, NUM_LOCAL_REPLICAS, minimum=1)
+        offset = _int(environ, REPLICA_INDEX_OFFSET, minimum=0)
+        uniform = environ[UNIFORM_REPLICAS_PER_INSTANCE].strip()
+        if uniform != "1":
+            raise PopdistError(
+                f"{UNIFORM_REPLICAS_PER_INSTANCE}={uniform!r}: only a uniform number of "
+                f"replicas per instance is supported (expected '1')"
+            )
+        if total % local:
+            raise PopdistError(
+                f"{NUM_TOTAL_REPLICAS}={total} is not a multiple of {NUM_LOCAL_REPLICAS}="
+                f"{local}; every instance must own the same number of replicas"
+            )
+        if offset % local or offset >= total:
+            raise PopdistError(
+                f"{REPLICA_INDEX_OFFSET}={offset} must be a multiple of {NUM_LOCAL_REPLICAS}="
+                f"{local} below {NUM_TOTAL_REPLICAS}={total}"
+            )
+        return {
+            "num_total_replicas": total,
+            "num_ipus_per_replica": ipr,
+            "num_local_replicas": local,
+            "replica_index_offset": offset,
+        }
+
+    @staticmethod
+    def _instances(environ: Mapping[str, str], replicas: dict[str, Any]) -> dict[str, Any]:
+        """The instance numbers: derived from the replicas, the added variables must agree."""
+        local = replicas["num_local_replicas"]
+        num_instances = replicas["num_total_replicas"] // local
+        instance_index = replicas["replica_index_offset"] // local
+        for name, derived, minimum in (
+            (NUM_INSTANCES, num_instances, 1),
+            (INSTANCE_INDEX, instance_index, 0),
+        ):
+            if name in environ and _int(environ, name, minimum=minimum) != derived:
+                raise PopdistError(
+                    f"{name}={environ[name]!r} disagrees with the replica variables, which "
+                    f"give {derived}; relaunch with poprun"
+                )
+        local_index = _int(environ, LOCAL_INSTANCE_INDEX, minimum=0)
+        num_local_instances = 1
+        if NUM_LOCAL_INSTANCES in environ:
+            num_local_instances = _int(environ, NUM_LOCAL_INSTANCES, minimum=1)
+            if local_index >= num_local_instances:
+                raise PopdistError(
+                    f"{LOCAL_INSTANCE_INDEX}={local_index} must be below "
+                    f"{NUM_LOCAL_INSTANCES}={num_local_instances}"
+                )
+        return {
+            "local_instance_index": local_index,
+            "num_instances": num_instances,
+            "instance_index": instance_index,
+            "num_local_instances": num_local_instances,
+        }
+
+
+class MpirunEnvironment(RunEnvironment):
+    """A plain ``mpirun``: Open MPI's ``OMPI_COMM_WORLD_*``, one replica per process."""
+
+    name = "mpirun"
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return OMPI_SIZE in environ or OMPI_RANK in environ
+
+    @staticmethod
+    def read(environ: Mapping[str, str]) -> RunView:
+        for name, other in ((OMPI_SIZE, OMPI_RANK), (OMPI_RANK, OMPI_SIZE)):
+            if name not in environ:
+                raise PopdistError(
+                    f"{name} is not set but {other}={environ[other]!r} is: Open MPI sets both; "
+                    f"launch with poprun or mpirun, or unset OMPI_COMM_WORLD_* to run alone"
+                )
+        size = _int(environ, OMPI_SIZE, minimum=1)
+        rank = _int(environ, OMPI_RANK, minimum=0)
+        if rank >= size:
+            raise PopdistError(f"{OMPI_RANK}={rank} must be below {OMPI_SIZE}={size}")
+        local_rank = _int(environ, OMPI_LOCAL_RANK, minimum=0) if OMPI_LOCAL_RANK in environ else 0
+        local_size = 1
+        if OMPI_LOCAL_SIZE in environ:
+            local_size = _int(environ, OMPI_LOCAL_SIZE, minimum=1)
+            if local_rank >= local_size:
+                raise PopdistError(
+                    f"{OMPI_LOCAL_RANK}={local_rank} must be below {OMPI_LOCAL_SIZE}={local_size}"
+                )
+        return RunView(
+            num_total_replicas=size,
+            num_local_replicas=1,
+            replica_index_offset=rank,
+            local_instance_index=local_rank,
+            num_instances=size,
+            instance_index=rank,
+            num_local_instances=local_size,
+            **_stand_alone(environ),
+            from_poprun=False,
+        )
+
+
+class SingleProcessEnvironment(RunEnvironment):
+    """No launcher: one instance with one replica (always detects; it comes last)."""
+
+    name = "single process"
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return True
+
+    @staticmethod
+    def read(environ: Mapping[str, str]) -> RunView:
+        return RunView(**_stand_alone(environ))
+
+
+#: The sources of the run's description, in order: the first that detects wins.
+DETECTORS: tuple[type[RunEnvironment], ...] = (
+    PoprunEnvironment,
+    MpirunEnvironment,
+    SingleProcessEnvironment,
+)
+
+
+def detect(environ: Mapping[str, str] | None = None) -> type[RunEnvironment]:
+    """The source that describes this process (from ``environ``, default ``os.environ``)."""
+    environ = os.environ if environ is None else environ
+    return next(source for source in DETECTORS if source.detect(environ))
 
 
 def read_backend(environ: Mapping[str, str] | None = None, requested: str | None = None) -> str:
@@ -398,11 +496,78 @@ def read_run(environ: Mapping[str, str] | None = None) -> RunView:
     Raises :class:`PopdistError` for a half-set or malformed environment.
     """
     environ = os.environ if environ is None else environ
-    if any(name in environ for name in (*REQUIRED, *POPRUN_ONLY)):
-        return _read_poprun(environ)
-    if OMPI_SIZE in environ or OMPI_RANK in environ:
-        return _read_ompi(environ)
-    return RunView(
-        offline_mode=_flag(environ, OFFLINE_MODE),
-        executable_cache_path=environ.get(EXECUTABLE_CACHE_PATH) or None,
+    return detect(environ).read(environ)
+
+
+# -- what the executor needs from the environment ---------------------------------------------
+# popdist_torch reads the process's environment only through these, so that every variable
+# the project reads is read in this module.
+
+#: PopTorch's executable cache directory; it wins over poprun's ``--executable-cache-path``.
+POPTORCH_CACHE_DIR = "POPTORCH_CACHE_DIR"
+#: The user's choice of intra-op threads (torch reads it at start-up).
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+#: Seconds the torch backend waits for the other instances (start-up and each collective).
+TORCH_TIMEOUT = "POPDIST_TORCH_TIMEOUT"
+#: ... when ``POPDIST_TORCH_TIMEOUT`` is unset (torch's own default is 30 minutes).
+DEFAULT_TORCH_TIMEOUT_S = 600.0
+
+
+def read_process(
+    var_num_processes: str, var_process_id: str, environ: Mapping[str, str] | None = None
+) -> tuple[int, int]:
+    """``(process id, process count)`` from two variables the user names (PopTorch's
+    ``Distributed.setEnvVarNames``); an unset one means id 0, count 1."""
+    environ = os.environ if environ is None else environ
+    values: list[int] = []
+    for name, default in ((var_process_id, "0"), (var_num_processes, "1")):
+        raw = environ.get(name, default)
+        try:
+            values.append(int(raw))
+        except ValueError:
+            raise PopdistError(
+                f"{name}={raw!r} is not an integer; fix or unset it (Options.Distributed "
+                f"reads the process id and count from it)"
+            ) from None
+    return values[0], values[1]
+
+
+def read_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """The executable cache: ``POPTORCH_CACHE_DIR``, else poprun's path, else ``None``."""
+    environ = os.environ if environ is None else environ
+    return environ.get(POPTORCH_CACHE_DIR) or read_run(environ).executable_cache_path
+
+
+def read_compute_threads(environ: Mapping[str, str] | None = None) -> int | None:
+    """Intra-op threads for one of several instances on a host: cores / local instances.
+
+    ``None`` when the user chose (``OMP_NUM_THREADS``) or the instance is alone on its host.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get(OMP_NUM_THREADS):
+        return None
+    local = read_run(environ).num_local_instances
+    if local <= 1:
+        return None
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     )
+    return max(1, cores // local)
+
+
+def read_torch_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """``POPDIST_TORCH_TIMEOUT`` in seconds (set by the user), else the default (600)."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(TORCH_TIMEOUT, "")
+    if not raw.strip():
+        return DEFAULT_TORCH_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise PopdistError(
+            f"{TORCH_TIMEOUT}={raw!r} must be a positive number of seconds; unset it for the "
+            f"default ({DEFAULT_TORCH_TIMEOUT_S:g})"
+        )
+    return value

@@ -275,18 +275,13 @@ def topology_invariant_indices(
     e = _non_negative("epoch", epoch)
     replicas = local * procs
     g = micro * di * ga * replicas
-    steps, leftovers = divmod(n, g)
-    if steps == 0:
-        raise ShardingError(
-            f"num_samples={n} is fewer than one global step (micro_batch_size={micro} × "
-            f"device_iterations={di} × gradient_accumulation={ga} × {replicas} replicas = {g}): "
-            f"use a smaller batch or fewer replicas"
-        )
-    if leftovers and not drop_last:
-        raise ShardingError(
-            f"num_samples={n} is not a multiple of the global step size {g} and drop_last=False: "
-            f"the topology-invariant order reads whole global steps only; use drop_last=True"
-        )
+    steps, leftovers = _global_steps(
+        n,
+        g,
+        drop_last,
+        f"micro_batch_size={micro} × "
+        f"device_iterations={di} × gradient_accumulation={ga} × {replicas} replicas",
+    )
     # The default shift depends on ``shuffle`` only, never on the split, to stay invariant.
     rotate = shuffle if rotate_leftovers is None else rotate_leftovers
     base = leftovers if rotate and e % 2 == 0 else 0
@@ -300,6 +295,22 @@ def topology_invariant_indices(
             first = start + slot * row
             out.extend(order[first : first + width])
     return out
+
+
+def _global_steps(n: int, g: int, drop_last: bool, product: str) -> tuple[int, int]:
+    """Whole global steps of ``g`` samples in ``n``, and the left-over samples."""
+    steps, leftovers = divmod(n, g)
+    if steps == 0:
+        raise ShardingError(
+            f"num_samples={n} is fewer than one global step ({product} = {g}): "
+            f"use a smaller batch or fewer replicas"
+        )
+    if leftovers and not drop_last:
+        raise ShardingError(
+            f"num_samples={n} is not a multiple of the global step size {g} and drop_last=False: "
+            f"the topology-invariant order reads whole global steps only; use drop_last=True"
+        )
+    return steps, leftovers
 
 
 def worker_shard(

@@ -7,6 +7,14 @@ from popdist_torch import optim
 from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from popdist_torch.dataloader import DataLoader
 from popdist_torch.enums import DataLoaderMode, MeanReductionStrategy, OutputMode, ReductionType
+from popdist_torch.errors import (
+    CollectiveError,
+    DataLoaderError,
+    ExecutorStateError,
+    OptimizerError,
+    PipelineError,
+    PopdistTorchError,
+)
 from popdist_torch.executor import (
     ExecutorError,
     PoplarExecutor,
@@ -14,6 +22,7 @@ from popdist_torch.executor import (
     inferenceModel,
     trainingModel,
 )
+from popdist_torch.launch_options import PopdistOptions
 from popdist_torch.options import (
     FrozenOptionsError,
     Options,
@@ -24,14 +33,21 @@ from popdist_torch.options import (
 
 __all__ = [
     "CheckpointError",
+    "CollectiveError",
     "DataLoader",
+    "DataLoaderError",
     "DataLoaderMode",
     "ExecutorError",
+    "ExecutorStateError",
     "FrozenOptionsError",
     "MeanReductionStrategy",
+    "OptimizerError",
     "Options",
     "OptionsError",
     "OutputMode",
+    "PipelineError",
+    "PopdistOptions",
+    "PopdistTorchError",
     "PoplarExecutor",
     "ReductionType",
     "TensorLocationSettings",

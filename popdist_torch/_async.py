@@ -15,6 +15,8 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from popdist_torch.errors import DataLoaderError
+
 T = TypeVar("T")
 
 _ITEM = 0
@@ -30,7 +32,7 @@ class Prefetcher(Generic[T]):
 
     def __init__(self, source: Iterator[T], depth: int = 2, name: str = "popdist-prefetch"):
         if depth < 1:
-            raise ValueError(f"prefetch depth must be at least 1, got {depth}")
+            raise DataLoaderError(f"prefetch depth must be at least 1, got {depth}")
         self._queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._finished = False

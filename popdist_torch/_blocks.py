@@ -13,11 +13,9 @@ from typing import Literal
 
 from torch import nn
 
+from popdist_torch.errors import PipelineError
+
 _BEGIN_BLOCK_ATTR = "_popdist_begin_block"
-
-
-class PipelineError(ValueError):
-    """A model, its annotations or its strategy cannot be run as stages."""
 
 
 class _TraceState(threading.local):

@@ -251,7 +251,7 @@ class StageRunner:
     def num_stages(self) -> int:
         """Stages of the most recently used plan (after the first call)."""
         if not self._plans:
-            raise RuntimeError("num_stages is known after the first forward")
+            raise PipelineError("num_stages is known after the first forward")
         return len(next(reversed(self._plans.values())).stages)
 
     def forward_backward(
@@ -290,107 +290,12 @@ class StageRunner:
         training: bool,
         grad_scale: float,
     ) -> list[Any]:
-        active = plan.active()
-        count = len(micro_batches)
-        position = {spec.index: i for i, spec in enumerate(active)}
-        loss = loss_source(plan) if training else None
-        exchange = _Exchange()
-        outputs: dict[tuple[int, int], list[Any]] = {}  # (stage, micro-batch) -> outputs
-        wanted = {
-            (s.stage, s.index)
-            for s in plan.output_sources
-            if isinstance(s, Source) and s.kind == "stage"
-        }
-        sharded = self.strategy is not None and not isinstance(self.strategy, PipelinedExecution)
-        schedule = getattr(self.strategy, "schedule", "1f1b")
-        turns: dict[tuple[int, Op], int] = {}
-        if sharded:
-            for turn, (pos, op) in enumerate(sharded_order(len(active), count, training)):
-                turns[(pos, op)] = turn
-        errors: list[BaseException] = []
-        grad_enabled = training or torch.is_grad_enabled()
-
-        def work(spec: StageSpec) -> None:
-            pos = position[spec.index]
-            if sharded:
-                ops = [op for (p, op), _ in sorted(turns.items(), key=lambda kv: kv[1]) if p == pos]
-            else:
-                ops = pipeline_ops(pos, len(active), count, schedule, training)
-            saved: dict[int, tuple[list[Any], list[Any]]] = {}
-            try:
-                torch.set_num_threads(self.threads_per_device)
-                device = self.devices[spec.ipu_id]
-                if device.type == "cuda":
-                    torch.cuda.set_device(device)
-                for op in ops:
-                    if sharded:
-                        exchange.wait_turn(turns[(pos, op)])
-                    kind, m = op
-                    if kind == "F":
-                        inputs = [
-                            self._input(src, spec, m, micro_batches, exchange, device, training)
-                            for src in spec.inputs
-                        ]
-                        with (
-                            self._on_device(spec),
-                            torch.set_grad_enabled(grad_enabled if training else False),
-                        ):
-                            start = time.perf_counter()
-                            assert spec.module is not None
-                            result = list(spec.module(*inputs))
-                            self._record(spec, "F", m, start)
-                        for i, value in enumerate(result):
-                            for consumer in spec.consumers.get(i, []):
-                                exchange.put(("act", consumer, spec.index, i, m), value)
-                            if (spec.index, i) in wanted:
-                                outputs[(spec.index, m)] = [_detach(v) for v in result]
-                        if training:
-                            saved[m] = (inputs, result)
-                    else:
-                        inputs, result = saved.pop(m)
-                        tensors: list[torch.Tensor] = []
-                        grads: list[torch.Tensor] = []
-                        for i, value in enumerate(result):
-                            grad = None
-                            for consumer in spec.consumers.get(i, []):
-                                grad = _add(
-                                    grad, exchange.get(("grad", spec.index, i, consumer, m))
-                                )
-                            if loss is not None and (loss.stage, loss.index) == (spec.index, i):
-                                grad = _add(grad, torch.full_like(value, grad_scale))
-                            if (
-                                grad is not None
-                                and isinstance(value, torch.Tensor)
-                                and value.requires_grad
-                            ):
-                                tensors.append(value)
-                                grads.append(grad.to(value.device))
-                        with self._on_device(spec):
-                            start = time.perf_counter()
-                            if tensors:
-                                torch.autograd.backward(tensors, grads)
-                            self._record(spec, "B", m, start)
-                        for src, value in zip(spec.inputs, inputs, strict=True):
-                            if src.kind == "stage":
-                                g = (
-                                    value.grad
-                                    if isinstance(value, torch.Tensor) and value.requires_grad
-                                    else None
-                                )
-                                exchange.put(("grad", src.stage, src.index, spec.index, m), g)
-                    if sharded:
-                        exchange.next_turn()
-            except _Aborted:
-                return
-            except BaseException as exc:  # handed to the caller's thread
-                errors.append(exc)
-                exchange.fail()
-
+        step = _Step(self, plan, micro_batches, training=training, grad_scale=grad_scale)
         workers = [
             threading.Thread(
-                target=work, args=(spec,), name=f"popdist-stage-{spec.index}", daemon=True
+                target=step.work, args=(spec,), name=f"popdist-stage-{spec.index}", daemon=True
             )
-            for spec in active
+            for spec in step.active
         ]
         # torch.set_num_threads in a worker also changes process-wide state (MKL, the
         # default for new threads), so the caller's setting is restored afterwards.
@@ -402,32 +307,12 @@ class StageRunner:
                 w.join()
         finally:
             torch.set_num_threads(caller_threads)
-        if errors:
-            raise errors[0]
-        return [self._assemble(plan.output, outputs, m, micro_batches) for m in range(count)]
+        if step.errors:
+            raise step.errors[0]
+        return [step.assemble(plan.output, m) for m in range(len(micro_batches))]
 
-    def _input(
-        self,
-        src: Source,
-        spec: StageSpec,
-        m: int,
-        micro_batches: Sequence[Sequence[torch.Tensor]],
-        exchange: _Exchange,
-        device: torch.device,
-        training: bool,
-    ) -> Any:
-        if src.kind == "input":
-            return _to(micro_batches[m][src.index], device)
-        if src.kind == "stage":
-            value = exchange.get(("act", spec.index, src.stage, src.index, m))
-            if isinstance(value, torch.Tensor):
-                value = _to(value, device)
-                if training and value.requires_grad:
-                    value = value.detach().requires_grad_()
-            return value
-        return src.value
-
-    def _on_device(self, spec: StageSpec) -> Any:
+    def on_device(self, spec: StageSpec) -> _DeviceScope:
+        """Hold ``spec``'s device (and its CUDA stream) while the stage computes."""
         lock = self._device_locks[spec.ipu_id]
         device = self.devices[spec.ipu_id]
         return _DeviceScope(lock, device, self._stream(spec.ipu_id, device))
@@ -439,7 +324,8 @@ class StageRunner:
             self._streams[ipu_id] = torch.cuda.Stream(device=device)
         return self._streams[ipu_id]
 
-    def _record(self, spec: StageSpec, kind: str, m: int, start: float) -> None:
+    def record(self, spec: StageSpec, kind: str, m: int, start: float) -> None:
+        """Note that ``spec`` ran ``kind`` of micro-batch ``m`` since ``start`` (profiling)."""
         if self.profile or _recorders:
             event = StageEvent(spec.index, spec.ipu_id, kind, m, start, time.perf_counter())
             if self.profile:
@@ -447,25 +333,147 @@ class StageRunner:
             for recorder in list(_recorders):
                 recorder.append(event)
 
-    def _assemble(
+
+class _Step:
+    """One step of a :class:`StageRunner`: what its stage workers share, and their work."""
+
+    def __init__(
         self,
-        structure: Any,
-        outputs: dict[tuple[int, int], list[Any]],
-        m: int,
+        runner: StageRunner,
+        plan: StagePlan,
         micro_batches: Sequence[Sequence[torch.Tensor]],
-    ) -> Any:
+        *,
+        training: bool,
+        grad_scale: float,
+    ) -> None:
+        self.runner = runner
+        self.active = plan.active()
+        self.micro_batches = micro_batches
+        self.training = training
+        self.grad_scale = grad_scale
+        self.position = {spec.index: i for i, spec in enumerate(self.active)}
+        self.loss = loss_source(plan) if training else None
+        self.exchange = _Exchange()
+        self.outputs: dict[tuple[int, int], list[Any]] = {}  # (stage, micro-batch) -> outputs
+        self.wanted = {
+            (s.stage, s.index)
+            for s in plan.output_sources
+            if isinstance(s, Source) and s.kind == "stage"
+        }
+        strategy = runner.strategy
+        self.sharded = strategy is not None and not isinstance(strategy, PipelinedExecution)
+        self.schedule = getattr(strategy, "schedule", "1f1b")
+        self.turns: dict[tuple[int, Op], int] = {}
+        if self.sharded:
+            order = sharded_order(len(self.active), len(micro_batches), training)
+            self.turns = {(pos, op): turn for turn, (pos, op) in enumerate(order)}
+        self.errors: list[BaseException] = []
+        self.grad_enabled = training or torch.is_grad_enabled()
+
+    def _ops(self, pos: int) -> list[Op]:
+        if self.sharded:
+            ordered = sorted(self.turns.items(), key=lambda kv: kv[1])
+            return [op for (p, op), _ in ordered if p == pos]
+        count = len(self.micro_batches)
+        return pipeline_ops(pos, len(self.active), count, self.schedule, self.training)
+
+    def work(self, spec: StageSpec) -> None:
+        """The worker thread of stage ``spec``: its operations in order, errors handed back."""
+        pos = self.position[spec.index]
+        saved: dict[int, tuple[list[Any], list[Any]]] = {}
+        try:
+            torch.set_num_threads(self.runner.threads_per_device)
+            device = self.runner.devices[spec.ipu_id]
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            for op in self._ops(pos):
+                if self.sharded:
+                    self.exchange.wait_turn(self.turns[(pos, op)])
+                kind, m = op
+                if kind == "F":
+                    self._forward(spec, m, device, saved)
+                else:
+                    self._backward(spec, m, *saved.pop(m))
+                if self.sharded:
+                    self.exchange.next_turn()
+        except _Aborted:
+            return
+        except BaseException as exc:  # handed to the caller's thread
+            self.errors.append(exc)
+            self.exchange.fail()
+
+    def _forward(
+        self,
+        spec: StageSpec,
+        m: int,
+        device: torch.device,
+        saved: dict[int, tuple[list[Any], list[Any]]],
+    ) -> None:
+        inputs = [self._input(src, spec, m, device) for src in spec.inputs]
+        with (
+            self.runner.on_device(spec),
+            torch.set_grad_enabled(self.grad_enabled if self.training else False),
+        ):
+            start = time.perf_counter()
+            assert spec.module is not None
+            result = list(spec.module(*inputs))
+            self.runner.record(spec, "F", m, start)
+        for i, value in enumerate(result):
+            for consumer in spec.consumers.get(i, []):
+                self.exchange.put(("act", consumer, spec.index, i, m), value)
+            if (spec.index, i) in self.wanted:
+                self.outputs[(spec.index, m)] = [_detach(v) for v in result]
+        if self.training:
+            saved[m] = (inputs, result)
+
+    def _backward(self, spec: StageSpec, m: int, inputs: list[Any], result: list[Any]) -> None:
+        tensors: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        for i, value in enumerate(result):
+            grad = None
+            for consumer in spec.consumers.get(i, []):
+                grad = _add(grad, self.exchange.get(("grad", spec.index, i, consumer, m)))
+            if self.loss is not None and (self.loss.stage, self.loss.index) == (spec.index, i):
+                grad = _add(grad, torch.full_like(value, self.grad_scale))
+            if grad is not None and isinstance(value, torch.Tensor) and value.requires_grad:
+                tensors.append(value)
+                grads.append(grad.to(value.device))
+        with self.runner.on_device(spec):
+            start = time.perf_counter()
+            if tensors:
+                torch.autograd.backward(tensors, grads)
+            self.runner.record(spec, "B", m, start)
+        for src, value in zip(spec.inputs, inputs, strict=True):
+            if src.kind == "stage":
+                g = value.grad if isinstance(value, torch.Tensor) and value.requires_grad else None
+                self.exchange.put(("grad", src.stage, src.index, spec.index, m), g)
+
+    def _input(self, src: Source, spec: StageSpec, m: int, device: torch.device) -> Any:
+        if src.kind == "input":
+            return _to(self.micro_batches[m][src.index], device)
+        if src.kind == "stage":
+            value = self.exchange.get(("act", spec.index, src.stage, src.index, m))
+            if isinstance(value, torch.Tensor):
+                value = _to(value, device)
+                if self.training and value.requires_grad:
+                    value = value.detach().requires_grad_()
+            return value
+        return src.value
+
+    def assemble(self, structure: Any, m: int) -> Any:
+        """Micro-batch ``m``'s output in the model's own structure."""
         if isinstance(structure, Source):
             if structure.kind == "stage":
-                return outputs[(structure.stage, m)][structure.index]
+                return self.outputs[(structure.stage, m)][structure.index]
             if structure.kind == "input":
-                return micro_batches[m][structure.index]
+                return self.micro_batches[m][structure.index]
             return structure.value
         if isinstance(structure, tuple):
-            return tuple(self._assemble(s, outputs, m, micro_batches) for s in structure)
+            return tuple(self.assemble(s, m) for s in structure)
         if isinstance(structure, list):
-            return [self._assemble(s, outputs, m, micro_batches) for s in structure]
+            return [self.assemble(s, m) for s in structure]
         if isinstance(structure, dict):
-            return {k: self._assemble(v, outputs, m, micro_batches) for k, v in structure.items()}
+            return {k: self.assemble(v, m) for k, v in structure.items()}
         return structure
 
 

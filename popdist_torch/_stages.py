@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
@@ -368,7 +367,3 @@ def loss_source(plan: StagePlan) -> Source:
             "model) alone or as the last element of a tuple"
         )
     return leaf
-
-
-def is_tensor_requiring_grad(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.requires_grad

@@ -23,16 +23,14 @@ from typing import Any, Protocol
 
 import torch
 
+from popdist_torch.errors import CheckpointError
+
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 FORMAT = "popdist_torch.checkpoint/1"
 _TEMP_MARK = ".tmp-"
 #: Never create checkpoint files writable by others, whatever the umask allows.
 _NEVER = 0o002
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read back."""
 
 
 class _Stateful(Protocol):

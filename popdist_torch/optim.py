@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, overload
 
 import torch
+
+from popdist_torch.errors import OptimizerError
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSprop"]
 
@@ -38,11 +40,11 @@ def _check_accum_type(name: str, value: Any) -> None:
     if value is None or value == torch.float32:
         return
     if value == torch.float16:
-        raise ValueError(
+        raise OptimizerError(
             f"{name}=torch.float16 is not supported: popdist_torch keeps optimizer state "
             "and gradient accumulators in float32; use torch.float32 or leave it unset"
         )
-    raise ValueError(f"{name}={value!r} is invalid: use torch.float32 (or leave it unset)")
+    raise OptimizerError(f"{name}={value!r} is invalid: use torch.float32 (or leave it unset)")
 
 
 def _check_scaling(name: str, value: Any) -> float:
@@ -53,7 +55,7 @@ def _check_scaling(name: str, value: Any) -> float:
         or not isinstance(value, (int, float))
         or not (math.isfinite(value) and value > 0)
     ):
-        raise ValueError(
+        raise OptimizerError(
             f"{name}={value!r} is invalid: use a positive finite number (1.0: no scaling)"
         )
     return float(value)
@@ -63,7 +65,7 @@ def _check_max_grad_norm(value: Any) -> float | None:
     if value is None or value == math.inf:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(
+        raise OptimizerError(
             f"max_grad_norm={value!r} is invalid: use a positive number, or None for no clipping"
         )
     return float(value)
@@ -75,6 +77,7 @@ class _PopTorchExtras:
     param_groups: list[dict[str, Any]]
     defaults: dict[str, Any]
     max_grad_norm: float | None
+    _torch_optimizer: type[torch.optim.Optimizer]
 
     def _set_group_defaults(self, **values: Any) -> None:
         for key, value in values.items():
@@ -88,6 +91,32 @@ class _PopTorchExtras:
         grads = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         if grads:
             torch.nn.utils.clip_grad_norm_(grads, self.max_grad_norm)
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Clip (with ``max_grad_norm``), then the torch namesake's update."""
+        loss = _evaluate(closure)
+        self._clip_gradients()
+        self._update()
+        return loss
+
+    def _update(self) -> None:
+        """The torch namesake's update."""
+        _unhooked(self._torch_optimizer.step)(self)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The torch namesake, looked up by ``_update``: its ``step`` is read at call time,
+        # after torch has (perhaps) wrapped it in its hook wrapper.
+        cls._torch_optimizer = next(
+            base for base in cls.__bases__ if issubclass(base, torch.optim.Optimizer)
+        )
 
 
 class SGD(_PopTorchExtras, torch.optim.SGD):
@@ -113,7 +142,7 @@ class SGD(_PopTorchExtras, torch.optim.SGD):
         _check_accum_type("accum_type", accum_type)
         _check_accum_type("velocity_accum_type", velocity_accum_type)
         if use_combined_accum is not None and not isinstance(use_combined_accum, bool):
-            raise ValueError(
+            raise OptimizerError(
                 f"use_combined_accum={use_combined_accum!r} is invalid: use True or False"
             )
         scaling = _check_scaling("loss_scaling", loss_scaling)
@@ -122,14 +151,6 @@ class SGD(_PopTorchExtras, torch.optim.SGD):
         self.use_combined_accum = bool(use_combined_accum)
         super().__init__(params, lr, momentum, dampening, weight_decay, nesterov, **kwargs)
         self._set_group_defaults(loss_scaling=scaling, velocity_scaling=velocity)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Clip (with ``max_grad_norm``), then torch's SGD step."""
-        loss = _evaluate(closure)
-        self._clip_gradients()
-        _unhooked(torch.optim.SGD.step)(self)
-        return loss
 
 
 class Adam(_PopTorchExtras, torch.optim.Adam):
@@ -159,14 +180,6 @@ class Adam(_PopTorchExtras, torch.optim.Adam):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
         self._set_group_defaults(loss_scaling=scaling)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Clip (with ``max_grad_norm``), then torch's Adam step."""
-        loss = _evaluate(closure)
-        self._clip_gradients()
-        _unhooked(torch.optim.Adam.step)(self)
-        return loss
-
 
 class AdamW(_PopTorchExtras, torch.optim.AdamW):
     """``torch.optim.AdamW`` with PopTorch's extra arguments, including ``bias_correction``."""
@@ -192,13 +205,15 @@ class AdamW(_PopTorchExtras, torch.optim.AdamW):
         _check_accum_type("first_order_momentum_accum_type", first_order_momentum_accum_type)
         _check_accum_type("second_order_momentum_accum_type", second_order_momentum_accum_type)
         if not isinstance(bias_correction, bool):
-            raise ValueError(f"bias_correction={bias_correction!r} is invalid: use True or False")
+            raise OptimizerError(
+                f"bias_correction={bias_correction!r} is invalid: use True or False"
+            )
         if not bias_correction:
             fast = [
                 k for k in ("foreach", "fused", "capturable", "differentiable") if kwargs.get(k)
             ]
             if fast:
-                raise ValueError(
+                raise OptimizerError(
                     f"AdamW(bias_correction=False) does not support {fast[0]}=True: leave it unset"
                 )
         scaling = _check_scaling("loss_scaling", loss_scaling)
@@ -206,21 +221,17 @@ class AdamW(_PopTorchExtras, torch.optim.AdamW):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
         self._set_group_defaults(loss_scaling=scaling, bias_correction=bias_correction)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Clip (with ``max_grad_norm``), then AdamW's update (bias-corrected or not)."""
-        loss = _evaluate(closure)
-        self._clip_gradients()
+    def _update(self) -> None:
+        """AdamW's update, bias-corrected (torch's) or not."""
         if all(g.get("bias_correction", True) for g in self.param_groups):
-            _unhooked(torch.optim.AdamW.step)(self)
-            return loss
+            super()._update()
+            return
         for group in self.param_groups:
             if group.get("bias_correction", True):
-                raise ValueError(
+                raise OptimizerError(
                     "AdamW param groups mix bias_correction=True and False: use one value"
                 )
             self._uncorrected_step(group)
-        return loss
 
     def _uncorrected_step(self, group: dict[str, Any]) -> None:
         """Adam with decoupled weight decay and no bias correction (PopTorch's option)."""
@@ -275,7 +286,7 @@ class RMSprop(_PopTorchExtras, torch.optim.RMSprop):
         _check_accum_type("first_order_momentum_accum_type", first_order_momentum_accum_type)
         _check_accum_type("second_order_momentum_accum_type", second_order_momentum_accum_type)
         if use_tf_variant:
-            raise ValueError(
+            raise OptimizerError(
                 "RMSprop(use_tf_variant=True) is not supported here: only PyTorch's variant "
                 "is implemented; leave use_tf_variant unset or False"
             )
@@ -283,14 +294,6 @@ class RMSprop(_PopTorchExtras, torch.optim.RMSprop):
         self.max_grad_norm = _check_max_grad_norm(max_grad_norm)
         super().__init__(params, lr, alpha, eps, weight_decay, momentum, centered, **kwargs)
         self._set_group_defaults(loss_scaling=scaling)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Clip (with ``max_grad_norm``), then torch's RMSprop step."""
-        loss = _evaluate(closure)
-        self._clip_gradients()
-        _unhooked(torch.optim.RMSprop.step)(self)
-        return loss
 
 
 def _unhooked(step: Callable[..., Any]) -> Callable[..., Any]:

@@ -15,21 +15,21 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from popdist.env import read_cache_dir
 from popdist_torch.enums import MeanReductionStrategy, OutputMode, ReductionType
+from popdist_torch.errors import FrozenOptionsError, OptionsError, UnsupportedOptionError
 
 __all__ = [
     "NO_OP_OPTIONS",
+    "DistributedOptions",
     "FrozenOptionsError",
     "Options",
     "OptionsError",
     "TensorLocationSettings",
     "UnsupportedOptionError",
 ]
-
-CACHE_DIR_ENV = "POPTORCH_CACHE_DIR"
 
 #: Options accepted for PopTorch compatibility that change nothing on this executor.
 NO_OP_OPTIONS: tuple[str, ...] = (
@@ -53,18 +53,6 @@ NO_OP_OPTIONS: tuple[str, ...] = (
 )
 
 _Self = TypeVar("_Self", bound="_OptionGroup")
-
-
-class OptionsError(ValueError):
-    """An option was given a value it cannot take."""
-
-
-class FrozenOptionsError(RuntimeError):
-    """A setter was called on options a DataLoader (or ``_freeze()``) has frozen."""
-
-
-class UnsupportedOptionError(RuntimeError):
-    """A PopTorch option that has no meaning on this executor and cannot be honoured."""
 
 
 def _positive_int(name: str, value: object, *, minimum: int = 1) -> int:
@@ -183,20 +171,24 @@ class _TrainingOptions(_OptionGroup):
         }
 
 
-class _DistributedOptions(_OptionGroup):
+class DistributedOptions(_OptionGroup):
     """``opts.Distributed``: which process this is among how many.
 
-    By default read from ``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_RANK``, as PopTorch
-    does, so a plain ``Options()`` under ``mpirun`` or ``poprun`` already shards data.
+    By default this instance's index and the instance count, read through popdist (poprun's
+    variables, else Open MPI's rank and size, as PopTorch reads them), so a plain
+    ``Options()`` under ``mpirun`` or ``poprun`` already shards data.
     """
 
     _prefix = "Distributed."
 
     def __init__(self) -> None:
         super().__init__()
+        from popdist.env import read_run
+
+        run = read_run()
         self._num_processes = 1
         self._process_id = 0
-        self._set_from_env("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", os.environ)
+        self._configure(run.instance_index, run.num_instances)
 
     @property
     def processId(self) -> int:
@@ -218,32 +210,25 @@ class _DistributedOptions(_OptionGroup):
             )
         self._process_id, self._num_processes = pid, num
 
-    def _set_from_env(self, var_num: str, var_id: str, environ: Mapping[str, str]) -> None:
-        values: list[int] = []
-        for name, default in ((var_id, "0"), (var_num, "1")):
-            raw = environ.get(name, default)
-            try:
-                values.append(int(raw))
-            except ValueError:
-                raise OptionsError(
-                    f"{name}={raw!r} is not an integer; fix or unset it "
-                    f"(Options.Distributed reads the process id and count from it)"
-                ) from None
-        self._configure(values[0], values[1])
-
-    def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:
+    def configureProcessId(self, process_id: int, num_processes: int) -> DistributedOptions:
         """Set this process's id and the number of processes (without a launcher's env)."""
         self._check_mutable("configureProcessId")
         self._configure(process_id, num_processes)
         return self
 
-    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> _DistributedOptions:
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> DistributedOptions:
         """Read the process count and id from these environment variables now."""
         self._check_mutable("setEnvVarNames")
-        self._set_from_env(var_num_processes, var_process_id, os.environ)
+        from popdist.env import PopdistError, read_process
+
+        try:
+            process_id, num_processes = read_process(var_num_processes, var_process_id)
+        except PopdistError as exc:
+            raise OptionsError(str(exc)) from None
+        self._configure(process_id, num_processes)
         return self
 
-    def disable(self) -> _DistributedOptions:
+    def disable(self) -> DistributedOptions:
         """Run as a single process (id 0 of 1) whatever the environment says."""
         self._check_mutable("disable")
         self._configure(0, 1)
@@ -382,7 +367,51 @@ class _PrecisionOptions(_OptionGroup):
         return {"autocast": self._autocast, "autocast_dtype": self._autocast_dtype}
 
 
-class Options(_OptionGroup):
+class _NoOpSetters(_OptionGroup):
+    """PopTorch's top-level setters that mean nothing here: documented, recorded no-ops."""
+
+    def showCompilationProgressBar(self: _Self, show: bool = True) -> _Self:
+        """No-op: there is no compilation step to show."""
+        return self._no_op("showCompilationProgressBar", bool(show))
+
+    def logDir(self: _Self, log_dir: str) -> _Self:
+        """No-op: the executor writes no compiler logs."""
+        return self._no_op("logDir", str(log_dir))
+
+    def logCycleCount(self: _Self, log_cycle_count: bool) -> _Self:
+        """No-op: there are no device cycles to count."""
+        return self._no_op("logCycleCount", bool(log_cycle_count))
+
+    def useIpuModel(self: _Self, use_model: bool) -> _Self:
+        """No-op: the executor always runs on the host's CPU (or GPU)."""
+        return self._no_op("useIpuModel", bool(use_model))
+
+    def useIpuId(self: _Self, ipu_id: int) -> _Self:
+        """No-op: devices are chosen by the executor, not by id."""
+        return self._no_op("useIpuId", _positive_int("useIpuId", ipu_id, minimum=0))
+
+    def autoRoundNumIPUs(self: _Self, auto_round: bool) -> _Self:
+        """No-op: any number of devices can be used."""
+        return self._no_op("autoRoundNumIPUs", bool(auto_round))
+
+    def connectionType(self: _Self, connection_type: Any) -> _Self:
+        """No-op: there is no device connection to defer."""
+        return self._no_op("connectionType", int(connection_type))
+
+    def syncPattern(self: _Self, sync_pattern: Any) -> _Self:
+        """No-op: there is no device/host sync pattern."""
+        return self._no_op("syncPattern", int(sync_pattern))
+
+    def setAvailableMemoryProportion(self: _Self, available_memory_proportion: Any) -> _Self:
+        """No-op: there is no tile memory to plan."""
+        return self._no_op("setAvailableMemoryProportion", dict(available_memory_proportion))
+
+    def enableStableNorm(self: _Self, enabled: bool) -> _Self:
+        """No-op: torch's norms are already computed stably."""
+        return self._no_op("enableStableNorm", bool(enabled))
+
+
+class Options(_NoOpSetters):
     """PopTorch's options: batching, replication, outputs, distribution, caching."""
 
     def __init__(self) -> None:
@@ -393,10 +422,11 @@ class Options(_OptionGroup):
         self._output_mode = OutputMode.Default
         self._output_return_period = 1
         self._broadcast_buffers = True
-        self._executable_cache_dir: str | None = _default_cache_dir()
+        self._executable_cache_dir: str | None = read_cache_dir()
         self._execution_strategy: Any = None
+        self._ipus_per_replica: int | None = None
         self.Training = _TrainingOptions()
-        self.Distributed = _DistributedOptions()
+        self.Distributed = DistributedOptions()
         self.TensorLocations = _TensorLocationOptions()
         self.Jit = _JitOptions()
         self.Precision = _PrecisionOptions()
@@ -436,6 +466,14 @@ class Options(_OptionGroup):
     def executable_cache_dir(self) -> str | None:
         """Directory of the executable cache, or ``None``."""
         return self._executable_cache_dir
+
+    @property
+    def ipus_per_replica(self) -> int | None:
+        """Devices of one replica, or ``None``: as many as the model's stages name.
+
+        ``popdist.poptorch.Options`` sets it from the launch (``--ipus-per-replica``).
+        """
+        return self._ipus_per_replica
 
     @property
     def execution_strategy(self) -> Any:
@@ -540,47 +578,6 @@ class Options(_OptionGroup):
             "anchorTensor is not supported: return the tensor from forward() instead"
         )
 
-    # -- documented no-ops ------------------------------------------------------------
-    def showCompilationProgressBar(self, show: bool = True) -> Options:
-        """No-op: there is no compilation step to show."""
-        return self._no_op("showCompilationProgressBar", bool(show))
-
-    def logDir(self, log_dir: str) -> Options:
-        """No-op: the executor writes no compiler logs."""
-        return self._no_op("logDir", str(log_dir))
-
-    def logCycleCount(self, log_cycle_count: bool) -> Options:
-        """No-op: there are no device cycles to count."""
-        return self._no_op("logCycleCount", bool(log_cycle_count))
-
-    def useIpuModel(self, use_model: bool) -> Options:
-        """No-op: the executor always runs on the host's CPU (or GPU)."""
-        return self._no_op("useIpuModel", bool(use_model))
-
-    def useIpuId(self, ipu_id: int) -> Options:
-        """No-op: devices are chosen by the executor, not by id."""
-        return self._no_op("useIpuId", _positive_int("useIpuId", ipu_id, minimum=0))
-
-    def autoRoundNumIPUs(self, auto_round: bool) -> Options:
-        """No-op: any number of devices can be used."""
-        return self._no_op("autoRoundNumIPUs", bool(auto_round))
-
-    def connectionType(self, connection_type: Any) -> Options:
-        """No-op: there is no device connection to defer."""
-        return self._no_op("connectionType", int(connection_type))
-
-    def syncPattern(self, sync_pattern: Any) -> Options:
-        """No-op: there is no device/host sync pattern."""
-        return self._no_op("syncPattern", int(sync_pattern))
-
-    def setAvailableMemoryProportion(self, available_memory_proportion: Any) -> Options:
-        """No-op: there is no tile memory to plan."""
-        return self._no_op("setAvailableMemoryProportion", dict(available_memory_proportion))
-
-    def enableStableNorm(self, enabled: bool) -> Options:
-        """No-op: torch's norms are already computed stably."""
-        return self._no_op("enableStableNorm", bool(enabled))
-
     # -- whole-object helpers ---------------------------------------------------------
     def _groups(self) -> tuple[_OptionGroup, ...]:
         return (self.Training, self.Distributed, self.TensorLocations, self.Jit, self.Precision)
@@ -621,6 +618,7 @@ class Options(_OptionGroup):
             "output_return_period": self._output_return_period,
             "broadcast_buffers": self._broadcast_buffers,
             "executable_cache_dir": self._executable_cache_dir,
+            "ipus_per_replica": self._ipus_per_replica,
             "execution_strategy": repr(self._execution_strategy)
             if self._execution_strategy
             else None,
@@ -635,12 +633,3 @@ class Options(_OptionGroup):
 
     def __repr__(self) -> str:
         return f"Options({self.toDict()!r})"
-
-
-def _default_cache_dir() -> str | None:
-    """``POPTORCH_CACHE_DIR``, else poprun's ``--executable-cache-path``, else ``None``."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return os.environ[CACHE_DIR_ENV]
-    from popdist.env import read_run
-
-    return read_run().executable_cache_path

@@ -15,6 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from popdist_torch.enums import OutputMode
+from popdist_torch.errors import ExecutorError, ExecutorStateError
 
 __all__ = ["OutputCollector", "layout"]
 
@@ -37,7 +38,7 @@ class OutputCollector:
         self, mode: OutputMode, num_iterations: int, steps_per_iteration: int, period: int
     ) -> None:
         if mode == OutputMode.Default:
-            raise ValueError("OutputMode.Default must be resolved before collecting outputs")
+            raise ExecutorError("OutputMode.Default must be resolved before collecting outputs")
         self.mode = mode
         self.num_iterations = num_iterations
         self.steps = steps_per_iteration
@@ -66,7 +67,7 @@ class OutputCollector:
         """The call's return value, laid out as PopTorch returns it."""
         kept = [self._sum] if self.mode == OutputMode.Sum else self._kept
         if not kept:
-            raise RuntimeError("no outputs were recorded for this call")
+            raise ExecutorStateError("no outputs were recorded for this call")
         if len(kept) == 1:  # Final, or one kept step: no concatenation, and often no pytree walk
             only = kept[0]
             if isinstance(only, torch.Tensor):

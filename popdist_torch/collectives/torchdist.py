@@ -1,7 +1,7 @@
 """The second backend: ``torch.distributed`` (gloo on CPU, NCCL on GPU).
 
-Chosen by ``popdist.init(backend="torch")`` or ``poprun --backend torch`` (which exports
-``POPDIST_BACKEND=torch``). Rank and size are the instance index and count popdist reads
+Chosen by ``popdist.init(backend="torch")`` or ``poprun --backend torch`` (which exports the
+backend in the environment contract). Rank and size are the instance index and count popdist reads
 from the environment; no ``MASTER_ADDR``/``MASTER_PORT`` is needed. Instance 0 opens a
 ``TCPStore`` on a port the kernel picks (port 0: two jobs on one host never collide, and
 nothing races between choosing a port and binding it) and sends its address to the other
@@ -28,14 +28,13 @@ Horovod is never imported here; torch.distributed and mpi4py only by :meth:`star
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from popdist.env import RunView, read_run
+from popdist.env import RunView, read_run, read_torch_timeout
 from popdist_torch.collectives.base import Collectives, Handle
 from popdist_torch.errors import CollectiveError
 
@@ -49,11 +48,6 @@ __all__ = [
 
 #: Fusion buffer: DDP's default bucket size.
 BUCKET_BYTES = 25 << 20
-
-#: How long instances wait for each other at start-up and in a collective, in seconds,
-#: unless ``POPDIST_TORCH_TIMEOUT`` says otherwise (torch's own default is 30 minutes).
-DEFAULT_TIMEOUT_S = 600.0
-TIMEOUT_VARIABLE = "POPDIST_TORCH_TIMEOUT"
 
 _LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1", "ip6-localhost"})
 
@@ -89,23 +83,6 @@ def device_index(run: RunView, device_count: int) -> int:
     return 0 if run.from_poprun else run.local_instance_index % device_count
 
 
-def timeout_s(environ: dict[str, str] | os._Environ[str] | None = None) -> float:
-    """``POPDIST_TORCH_TIMEOUT`` in seconds, else :data:`DEFAULT_TIMEOUT_S`."""
-    raw = (os.environ if environ is None else environ).get(TIMEOUT_VARIABLE, "")
-    if not raw.strip():
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise CollectiveError(
-            f"{TIMEOUT_VARIABLE}={raw!r} must be a positive number of seconds; unset it for "
-            f"the default ({DEFAULT_TIMEOUT_S:g})"
-        )
-    return value
-
-
 def _start(run: RunView) -> str:
     """Initialise ``torch.distributed`` for this run; returns the process group's backend."""
     import datetime
@@ -117,7 +94,7 @@ def _start(run: RunView) -> str:
             f"the torch backend needs torch.distributed, which this torch ({torch.__version__}) "
             f"lacks; use --backend horovod or a torch built with it"
         )
-    timeout = datetime.timedelta(seconds=timeout_s())
+    timeout = datetime.timedelta(seconds=read_torch_timeout())
     has_gpu = not run.offline_mode and torch.cuda.is_available()
     store: Any
     if run.num_instances == 1:
@@ -153,12 +130,9 @@ def _rendezvous(run: RunView, has_gpu: bool, timeout: Any) -> tuple[Any, bool]:
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     if (size, rank) != (run.num_instances, run.instance_index):
-        where = "poprun's POPDIST_*" if run.from_poprun else "the environment"
-        raise CollectiveError(
-            f"MPI sees rank {rank} of {size} processes but {where} says instance "
-            f"{run.instance_index} of {run.num_instances}: start every instance from one "
-            f"poprun (or mpirun) command and do not mix launchers"
-        )
+        from popdist.backend import world_mismatch
+
+        raise world_mismatch("MPI", rank, size, run)
     address: tuple[str, int] | None = None
     master = None
     if rank == 0:

@@ -190,7 +190,7 @@ def test_batchnorm_runs_replicas_in_turn_with_per_replica_statistics() -> None:
         model, _options(1, r), torch.optim.SGD(model.parameters(), lr=0.1)
     )
     _, loss = wrapped(x, y)
-    assert wrapped._fused is False
+    assert wrapped.replica_runner.fused is False
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     losses = []
     for i in range(r):
@@ -342,7 +342,7 @@ def test_model_that_vmap_cannot_run_falls_back() -> None:
         model, _options(r=4), torch.optim.SGD(model.parameters(), lr=0.1)
     )
     wrapped(x, y)
-    assert wrapped._fused is False
+    assert wrapped.replica_runner.fused is False
     _reference(ref, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), x, y, 1)
     _assert_same_weights(model, ref)
 

@@ -219,3 +219,24 @@ def test_popdist_options_blocked_setters(name: str, call: object) -> None:
     with pytest.raises(RuntimeError) as info:
         call(opts)  # type: ignore[operator]
     assert str(info.value) == f"Cannot call `{name}` with popdist.poptorch.Options"
+
+
+def test_popdist_options_are_the_executors_public_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert popdist.poptorch.Options is poptorch.PopdistOptions
+    assert poptorch.Options().ipus_per_replica is None  # as many devices as the stages name
+    _poprun_env(monkeypatch, replicas=4, instances=2, index=1)
+    opts = popdist.poptorch.Options()
+    assert type(opts.Distributed) is not type(poptorch.Options().Distributed)
+    assert isinstance(opts.Distributed, poptorch.options.DistributedOptions)
+    assert opts.toDict()["ipus_per_replica"] == 2
+    with pytest.raises(poptorch.OptionsError, match=r"ipus_per_replica=0\): expected an integer"):
+        popdist.poptorch.Options(ipus_per_replica=0)
+
+
+def test_distributed_default_reads_poprun_through_popdist(monkeypatch: pytest.MonkeyPatch) -> None:
+    _poprun_env(monkeypatch, replicas=6, instances=3, index=2)
+    opts = poptorch.Options()
+    assert (opts.Distributed.processId, opts.Distributed.numProcesses) == (2, 3)
+    monkeypatch.delenv(env.NUM_LOCAL_REPLICAS)
+    with pytest.raises(popdist.PopdistError, match="POPDIST_NUM_LOCAL_REPLICAS is not set"):
+        poptorch.Options()

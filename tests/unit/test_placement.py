@@ -13,7 +13,7 @@ from torch import nn
 import popdist_torch as pt
 from popdist_torch import executor as executor_module
 from popdist_torch import placement
-from popdist_torch.executor import _Batch
+from popdist_torch.batch import Batch
 from popdist_torch.placement import choose_device, to_host
 
 pytestmark = pytest.mark.unit
@@ -80,7 +80,7 @@ def test_wrapping_moves_model_and_existing_optimizer_state_to_the_device(
 def test_every_batch_leaf_goes_to_the_device() -> None:
     opts = pt.Options().replicationFactor(2)
     x, y = torch.ones(4, 3), torch.zeros(4, 2)
-    batch = _Batch((x, y, 7), {}, opts, META)
+    batch = Batch((x, y, 7), {}, opts, META)
     assert [t.device for t in batch.batched] == [META, META]
     assert [t.shape for t in batch.batched] == [(1, 1, 2, 2, 3), (1, 1, 2, 2, 2)]
     assert batch.constants[2] == 7
@@ -88,7 +88,7 @@ def test_every_batch_leaf_goes_to_the_device() -> None:
 
 def test_cpu_batches_are_not_copied() -> None:
     x = torch.ones(4, 3)
-    batch = _Batch((x,), {}, pt.Options())
+    batch = Batch((x,), {}, pt.Options())
     assert batch.batched[0].data_ptr() == x.data_ptr()
 
 

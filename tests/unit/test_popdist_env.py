@@ -198,3 +198,58 @@ def test_cache_and_offline_read_without_poprun() -> None:
         True,
         False,
     )
+
+
+@pytest.mark.parametrize(
+    ("environ", "source"),
+    [
+        ({}, env.SingleProcessEnvironment),
+        ({env.OFFLINE_MODE: "1"}, env.SingleProcessEnvironment),
+        ({env.OMPI_SIZE: "2", env.OMPI_RANK: "1"}, env.MpirunEnvironment),
+        ({env.OMPI_RANK: "1"}, env.MpirunEnvironment),  # detected, then a half-set error
+        ({**_poprun(), env.OMPI_SIZE: "4", env.OMPI_RANK: "1"}, env.PoprunEnvironment),
+        ({env.NUM_INSTANCES: "4"}, env.PoprunEnvironment),
+    ],
+)
+def test_one_detector_per_source_first_match_wins(
+    environ: dict[str, str], source: type[env.RunEnvironment]
+) -> None:
+    assert env.detect(environ) is source
+    assert [d.detect(environ) for d in env.DETECTORS].index(True) == env.DETECTORS.index(source)
+
+
+def test_executor_variables_are_read_here() -> None:
+    assert env.read_process("N", "ID", {"N": "3", "ID": "2"}) == (2, 3)
+    assert env.read_process("N", "ID", {}) == (0, 1)
+    with pytest.raises(PopdistError, match=r"ID='x' is not an integer"):
+        env.read_process("N", "ID", {"ID": "x"})
+    assert env.read_cache_dir({}) is None
+    assert env.read_cache_dir(_poprun(executable_cache_path="/p")) == "/p"
+    assert (
+        env.read_cache_dir({**_poprun(executable_cache_path="/p"), "POPTORCH_CACHE_DIR": "/t"})
+        == "/t"
+    )
+    assert env.read_compute_threads({}) is None  # alone on the host
+    assert env.read_compute_threads({**_poprun(local_count=2), env.OMP_NUM_THREADS: "3"}) is None
+    threads = env.read_compute_threads(_poprun(local_count=2))
+    assert threads is not None and threads >= 1
+
+
+def test_popdist_torch_reads_no_environment_variable() -> None:
+    """popdist owns every read of the environment: popdist_torch asks popdist."""
+    import re
+
+    from tests.jobs import ROOT
+
+    pattern = re.compile(r"os\.environ|os\.getenv|getenv\(|OMPI_|POPDIST_")
+    readers = [
+        (path.relative_to(ROOT), line.strip())
+        for path in (ROOT / "popdist_torch").rglob("*.py")
+        for line in path.read_text().splitlines()
+        if pattern.search(line)
+    ]
+    # The Horovod backend configures Horovod (its own variable), it reads nothing of the run.
+    assert all(
+        str(path) == "popdist_torch/collectives/horovod.py" and "HOROVOD_CYCLE_TIME" in line
+        for path, line in readers
+    ), readers

@@ -88,11 +88,11 @@ def test_device_index_needs_a_device() -> None:
 
 
 def test_the_timeout_variable() -> None:
-    assert torch_distributed.timeout_s({}) == torch_distributed.DEFAULT_TIMEOUT_S
-    assert torch_distributed.timeout_s({"POPDIST_TORCH_TIMEOUT": "90"}) == 90.0
+    assert env.read_torch_timeout({}) == env.DEFAULT_TORCH_TIMEOUT_S
+    assert env.read_torch_timeout({"POPDIST_TORCH_TIMEOUT": "90"}) == 90.0
     for bad in ("soon", "0", "-3", "nan"):
         with pytest.raises(PopdistError, match=f"POPDIST_TORCH_TIMEOUT='{bad}'"):
-            torch_distributed.timeout_s({"POPDIST_TORCH_TIMEOUT": bad})
+            env.read_torch_timeout({"POPDIST_TORCH_TIMEOUT": bad})
 
 
 SINGLE = """

@@ -1,0 +1,283 @@
+"""Replica runners: how one device iteration's local replicas run, chosen once per model.
+
+A :class:`ReplicaRunner` runs, for one device iteration, every accumulation step of every
+local replica: :meth:`~ReplicaRunner.forward_backward` (training: gradients summed into
+``.grad``, then reduced across instances) or :meth:`~ReplicaRunner.forward` (inference).
+The executor picks one with :func:`make_runner` when the model is wrapped:
+
+- :class:`LocalReplicaRunner`: the whole model per replica. Local replicas share one set of
+  weights, so the replicas of one accumulation step run as one ``torch.func.vmap`` over a
+  replica dimension (each replica still sees only its micro-batch: per-replica losses,
+  BatchNorm batch statistics and dropout masks), which costs about what one pass over the
+  combined batch costs. Models that mutate buffers in training (BatchNorm running
+  statistics) or that ``vmap`` cannot run (data-dependent Python control flow,
+  ``.item()``) run the replicas one after the other on the same module: same result,
+  slower. The choice is made on the first call and kept. With
+  ``Precision.autocastEnabled`` each forward runs under ``torch.autocast``, which has no
+  effect inside ``vmap``: the replicas then run one after the other.
+- :class:`StageReplicaRunner`: each replica split into stages over its devices
+  (:class:`popdist_torch.pipeline.StageRunner`), for models with an execution strategy or
+  block annotations.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import vmap
+
+from popdist_torch.batch import Batch, check_scalar, detach, loss_of, stack
+from popdist_torch.collectives import GradientReducer
+from popdist_torch.errors import ExecutorError
+from popdist_torch.options import Options
+from popdist_torch.outputs import OutputCollector
+
+__all__ = ["LocalReplicaRunner", "ReplicaRunner", "StageReplicaRunner", "make_runner"]
+
+log = logging.getLogger("popdist_torch.executor")
+
+
+class ReplicaRunner(abc.ABC):
+    """Runs the local replicas of one device iteration; ``reducer`` reduces across instances."""
+
+    def __init__(self, model: nn.Module, reducer: GradientReducer | None) -> None:
+        self.model = model
+        self.reducer = reducer
+
+    @abc.abstractmethod
+    def forward_backward(
+        self, batch: Batch, iteration: int, *, scale: float, collector: OutputCollector
+    ) -> None:
+        """Forward and backward of every replica and accumulation step of ``iteration``.
+
+        Each micro-batch's loss, times ``scale``, is back-propagated; the gradients sum in
+        ``.grad`` and are reduced across instances before this returns. The outputs the
+        ``collector`` wants are added to it (leaves ``[R, ...]``, detached).
+        """
+
+    @abc.abstractmethod
+    def forward(self, batch: Batch, iteration: int, collector: OutputCollector) -> None:
+        """Every replica's forward of ``iteration`` (inference); outputs go to ``collector``."""
+
+
+class LocalReplicaRunner(ReplicaRunner):
+    """The whole model per replica: fused by ``vmap`` when it can, else replica by replica."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        reducer: GradientReducer | None,
+        zero_grad: Callable[[], None] | None = None,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    ) -> None:
+        super().__init__(model, reducer)
+        self._zero_grad = zero_grad  # the optimizer's, to start an update again
+        self._fused: bool | None = None  # unknown until the first call with replicas > 1
+        self._autocast = autocast or contextlib.nullcontext
+        if autocast is not None:
+            self._fused = False  # torch.autocast has no effect inside vmap
+
+    @property
+    def fused(self) -> bool | None:
+        """Whether replicas run as one ``vmap`` (``None`` until a call has decided)."""
+        return self._fused
+
+    def forward_backward(
+        self, batch: Batch, iteration: int, *, scale: float, collector: OutputCollector
+    ) -> None:
+        steps = batch.accumulation
+        for g in range(steps):
+            keep = collector.wants(iteration, g)
+            inputs = batch.step(iteration, g)
+            outputs = self._replicas(inputs, batch, scale=scale, last=g == steps - 1, keep=keep)
+            if keep:
+                collector.add(iteration, g, outputs)
+        if self.reducer is not None:
+            self.reducer.finish()
+
+    def forward(self, batch: Batch, iteration: int, collector: OutputCollector) -> None:
+        outputs = self._replicas(batch.step(iteration, 0), batch, scale=None, last=False, keep=True)
+        collector.add(iteration, 0, outputs)
+
+    def _replicas(
+        self,
+        inputs: list[torch.Tensor],
+        batch: Batch,
+        *,
+        scale: float | None,
+        last: bool,
+        keep: bool,
+    ) -> Any:
+        """One accumulation step of every replica (``scale`` None: inference).
+
+        Returns the replicas' detached outputs when ``keep``, else ``None``.
+        """
+        if inputs[0].shape[0] > 1 and self._may_fuse(training=scale is not None):
+            try:
+                outputs = self._fused_step(inputs, batch, scale=scale, last=last, keep=keep)
+                self._fused = True
+                return outputs
+            except ExecutorError:
+                raise
+            except Exception as exc:  # vmap cannot run this model: replicas in turn
+                if self._fused:
+                    raise
+                self._fused = False
+                if scale is not None:
+                    self._restart_update()
+                log.info("replicas run one after the other (vmap: %s)", exc)
+        return self._one_by_one(inputs, batch, scale=scale, last=last, keep=keep)
+
+    def _may_fuse(self, *, training: bool) -> bool:
+        if self._fused is None and training and _has_running_stats(self.model):
+            self._fused = False
+        return self._fused is not False
+
+    def _arm(self, last: bool) -> None:
+        if last and self.reducer is not None:
+            self.reducer.arm()
+
+    def _restart_update(self) -> None:
+        # A failed vmap attempt happens at the very first accumulation step of a call's
+        # first iteration, before any gradient of this update was kept: start it again.
+        if self._zero_grad is not None:
+            self._zero_grad()
+        if self.reducer is not None:
+            self.reducer.disarm()
+
+    def _fused_step(
+        self,
+        inputs: list[torch.Tensor],
+        batch: Batch,
+        *,
+        scale: float | None,
+        last: bool,
+        keep: bool,
+    ) -> Any:
+        model, training = self.model, scale is not None
+
+        # The parameters enter unbatched, as the module's own tensors (no functional_call
+        # swapping them in and out on every call): autograd reaches them through the
+        # vmapped graph, so their .grad and hooks see the sum over replicas.
+        def one_replica(tensors: list[torch.Tensor]) -> Any:
+            args, kwargs = batch.rebuild(tensors)
+            out = model(*args, **kwargs)
+            if training:
+                loss = loss_of(out)
+                if loss.dim() != 0:
+                    check_scalar(loss)  # raises: the loss is not a scalar per micro-batch
+            return out
+
+        if training:
+            self._arm(last)
+        out = vmap(one_replica, randomness="different")(inputs)
+        if scale is not None:
+            losses = loss_of(out)
+            if not losses.requires_grad:
+                check_scalar(losses[0])
+            # d(scale * sum(losses)) / d(losses) = scale, without the two extra ops
+            losses.backward(torch.full_like(losses, scale))
+        return detach(out) if keep else None
+
+    def _one_by_one(
+        self,
+        inputs: list[torch.Tensor],
+        batch: Batch,
+        *,
+        scale: float | None,
+        last: bool,
+        keep: bool,
+    ) -> Any:
+        outputs = []
+        replicas = inputs[0].shape[0]
+        for i in range(replicas):
+            args, kwargs = batch.rebuild([t[i] for t in inputs])
+            with self._autocast():
+                out = self.model(*args, **kwargs)
+            if scale is not None:
+                loss = loss_of(out)
+                check_scalar(loss)
+                self._arm(last and i == replicas - 1)
+                (loss * scale).backward()
+            if keep:
+                outputs.append(detach(out))
+        return stack(outputs) if keep else None
+
+
+class StageReplicaRunner(ReplicaRunner):
+    """Each replica split into stages over its devices, one replica after the other."""
+
+    def __init__(self, model: nn.Module, reducer: GradientReducer | None, stages: Any) -> None:
+        super().__init__(model, reducer)
+        self.stages = stages  # a popdist_torch.pipeline.StageRunner
+
+    def forward_backward(
+        self, batch: Batch, iteration: int, *, scale: float, collector: OutputCollector
+    ) -> None:
+        steps, replicas = batch.accumulation, batch.replicas
+        per_replica = [
+            self.stages.forward_backward(
+                [batch.replica_args(iteration, g, i) for g in range(steps)], grad_scale=scale
+            )
+            for i in range(replicas)
+        ]
+        if self.reducer is not None:
+            # Stage threads fire the gradient hooks out of order: reduce everything now.
+            self.reducer.reduce_all()
+        for g in range(steps):
+            collector.add(iteration, g, stack([detach(per_replica[i][g]) for i in range(replicas)]))
+
+    def forward(self, batch: Batch, iteration: int, collector: OutputCollector) -> None:
+        micro = [batch.replica_args(iteration, 0, i) for i in range(batch.replicas)]
+        collector.add(iteration, 0, stack([detach(o) for o in self.stages.forward(micro)]))
+
+
+def _has_running_stats(model: nn.Module) -> bool:
+    """Whether a training forward mutates buffers in place (BatchNorm running statistics)."""
+    return any(
+        isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.training
+        for m in model.modules()
+    )
+
+
+def uses_stages(model: nn.Module, options: Options) -> bool:
+    """Whether ``model`` runs split into stages (a strategy, or block annotations)."""
+    from popdist_torch.pipeline import has_block_annotations
+
+    return options.execution_strategy is not None or has_block_annotations(model)
+
+
+def make_runner(
+    model: nn.Module,
+    options: Options,
+    *,
+    reducer: GradientReducer | None,
+    zero_grad: Callable[[], None] | None = None,
+    device_type: str = "cpu",
+) -> ReplicaRunner:
+    """The runner for ``model`` under ``options``; ``zero_grad`` restarts an update.
+
+    ``device_type`` is where the replicas compute (``torch.autocast``'s device).
+    """
+    if not uses_stages(model, options):
+        autocast = None
+        precision = options.Precision
+        if precision.autocast_enabled:
+            dtype = getattr(torch, precision.autocast_dtype)
+
+            def autocast() -> contextlib.AbstractContextManager[Any]:
+                return torch.autocast(device_type=device_type, dtype=dtype)
+
+        return LocalReplicaRunner(model, reducer, zero_grad, autocast)
+    from popdist_torch.pipeline import StageRunner
+
+    # Under poprun: --ipus-per-replica; otherwise (None) as many devices as the stages
+    # name, which the runner learns when it splits the model (auto-staging included).
+    stages = StageRunner(model, options.execution_strategy, num_devices=options.ipus_per_replica)
+    return StageReplicaRunner(model, reducer, stages)
