@@ -2,9 +2,9 @@
 
 :class:`~popdist_torch.collectives.base.Collectives` is the interface; Horovod
 (:mod:`popdist_torch.collectives.horovod`) is the default backend, ``torch.distributed``
-(:mod:`popdist_torch.collectives.torchdist`: gloo on CPU, NCCL on GPU) the second. :func:`backend` gives the
-process's backend object (one per process: MPI starts once), ``popdist.init()`` starts it,
-:func:`connect` starts it and checks it against the options. :class:`GradientReducer` and
+(:mod:`popdist_torch.collectives.torchdist`: gloo on CPU, NCCL on GPU) the second.
+:func:`backend` gives the process's backend object (one per process: MPI starts once),
+``popdist.init()`` starts it, :func:`connect` starts it and checks it against the options. :class:`GradientReducer` and
 :func:`broadcast_state` are the executor's gradient and wrap-time state paths, written
 against the interface only. Only the backend modules import a backend library.
 """
