@@ -122,7 +122,9 @@ class PoplarExecutor:
         self._attached = True
         self._destroyed = False
         # The instance's GPU when it has one; before the broadcast, which then runs there.
-        self._device = instance_device(pipelined=uses_stages(model, opts))
+        self._device = instance_device(
+            pipelined=uses_stages(model, opts), num_processes=opts.Distributed.numProcesses
+        )
         place(model, self._optimizer, self._device)
         self._reducer = _connect(model, opts, self._optimizer)
         self._runner: ReplicaRunner = make_runner(

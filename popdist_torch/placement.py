@@ -7,8 +7,10 @@ once, when it wraps it; the optimizer state that already exists; every call's ba
 hands outputs back in host memory, as PopTorch does. The local replicas run on that one
 device (one ``vmap``), so they cost about one forward/backward of the combined batch.
 
-The CPU is used when the instance has no GPU, when poprun runs ``--offline-mode``, or when
-the model is split into pipeline stages (the stage runner places the stages itself).
+The CPU is used when the instance has no GPU, when poprun runs ``--offline-mode``, when
+the model is split into pipeline stages (the stage runner places the stages itself), or
+when the gradients would cross instances over Horovod, whose build here has no GPU
+collectives (the torch backend's NCCL is the GPU path).
 
 The decision is the pure :func:`choose_device`; tests drive it with fake device counts.
 """
@@ -34,19 +36,26 @@ CPU = torch.device("cpu")
 
 
 def choose_device(
-    *, device_count: int, current: int, offline: bool, pipelined: bool
+    *,
+    device_count: int,
+    current: int,
+    offline: bool,
+    pipelined: bool,
+    collectives_on_gpu: bool = True,
 ) -> torch.device:
     """The device an instance computes on (pure).
 
-    ``device_count`` GPUs visible, ``current`` the current CUDA device index.
+    ``device_count`` GPUs visible, ``current`` the current CUDA device index,
+    ``collectives_on_gpu`` whether the run's collectives (if any) take CUDA tensors.
     """
-    if device_count < 1 or offline or pipelined:
+    if device_count < 1 or offline or pipelined or not collectives_on_gpu:
         return CPU
     return torch.device("cuda", current if 0 <= current < device_count else 0)
 
 
-def instance_device(*, pipelined: bool) -> torch.device:
-    """:func:`choose_device` for this process (reads CUDA and poprun's offline flag)."""
+def instance_device(*, pipelined: bool, num_processes: int = 1) -> torch.device:
+    """:func:`choose_device` for this process (reads CUDA, the backend, the offline flag)."""
+    from popdist import backend
     from popdist.env import read_run
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -55,6 +64,7 @@ def instance_device(*, pipelined: bool) -> torch.device:
         current=torch.cuda.current_device() if count else 0,
         offline=read_run().offline_mode,
         pipelined=pipelined,
+        collectives_on_gpu=num_processes <= 1 or backend.active() == "torch",
     )
 
 

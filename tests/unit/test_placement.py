@@ -21,6 +21,14 @@ pytestmark = pytest.mark.unit
 CUDA0, CUDA1 = torch.device("cuda", 0), torch.device("cuda", 1)
 
 
+def test_gradients_over_horovod_stay_on_the_cpu() -> None:
+    """This Horovod build has no GPU collectives: across instances only the torch backend."""
+    got = choose_device(
+        device_count=1, current=0, offline=False, pipelined=False, collectives_on_gpu=False
+    )
+    assert got == placement.CPU
+
+
 @pytest.mark.parametrize(
     ("count", "current", "offline", "pipelined", "expected"),
     [
@@ -66,7 +74,7 @@ def test_wrapping_moves_model_and_existing_optimizer_state_to_the_device(
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     model(torch.ones(4, 3), torch.zeros(4, 2))[1].backward()
     opt.step()  # state exists on the CPU, as after loading a checkpoint
-    monkeypatch.setattr(executor_module, "instance_device", lambda pipelined: META)
+    monkeypatch.setattr(executor_module, "instance_device", lambda pipelined, num_processes: META)
     wrapped = pt.trainingModel(model, pt.Options(), opt)
     assert wrapped._device == META
     assert {p.device for p in model.parameters()} == {META}
@@ -104,7 +112,7 @@ def test_an_inference_model_of_the_same_module_shares_the_placed_weights(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = Net()
-    monkeypatch.setattr(executor_module, "instance_device", lambda pipelined: META)
+    monkeypatch.setattr(executor_module, "instance_device", lambda pipelined, num_processes: META)
     training = pt.trainingModel(model)
     weight = model.fc.weight
     pt.inferenceModel(model)
