@@ -16,7 +16,9 @@ instance must pick the same, so the choice is agreed over MPI (the minimum of "h
 
 Gradients arrive one parameter at a time (:class:`~popdist_torch.collectives.GradientReducer`).
 torch.distributed does not fuse, so this backend does, as DDP's buckets do: consecutive
-tensors of one dtype and device are packed into a bucket of up to :data:`BUCKET_BYTES`,
+tensors of one dtype and device are packed into a bucket of up to :data:`BUCKET_BYTES`
+(the first bucket after a wait up to :data:`FIRST_BUCKET_BYTES`, so that communication
+starts early in the backward pass, as DDP's first bucket does),
 reduced with one asynchronous ``all_reduce`` when the bucket is full (overlapping the rest
 of the backward pass) or when someone waits for it, and unpacked on wait. A tensor larger
 than a bucket is reduced in place, without a copy. Every instance reduces the same
@@ -40,6 +42,7 @@ from popdist_torch.errors import CollectiveError
 
 __all__ = [
     "BUCKET_BYTES",
+    "FIRST_BUCKET_BYTES",
     "TorchCollectives",
     "device_index",
     "process_group_backend",
@@ -48,6 +51,8 @@ __all__ = [
 
 #: Fusion buffer: DDP's default bucket size.
 BUCKET_BYTES = 25 << 20
+#: The first bucket after a wait (the start of a backward pass): DDP's first bucket size.
+FIRST_BUCKET_BYTES = 1 << 20
 
 _LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1", "ip6-localhost"})
 
@@ -207,9 +212,13 @@ class TorchCollectives(Collectives):
     name = "torch"
     label = "torch.distributed"
 
-    def __init__(self, bucket_bytes: int = BUCKET_BYTES) -> None:
+    def __init__(
+        self, bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int = FIRST_BUCKET_BYTES
+    ) -> None:
         self._backend: str | None = None
         self._bucket_bytes = bucket_bytes
+        self._first_bucket_bytes = min(first_bucket_bytes, bucket_bytes)
+        self._launched_since_wait = False
         self._open: _Bucket | None = None
         self._size = 1
 
@@ -263,16 +272,16 @@ class TorchCollectives(Collectives):
     ) -> Handle:
         key = (tensor.dtype, tensor.device, average)
         nbytes = tensor.numel() * tensor.element_size()
+        cap = self._bucket_bytes if self._launched_since_wait else self._first_bucket_bytes
         bucket = self._open
-        if bucket is not None and (
-            bucket.key != key or bucket.nbytes + nbytes > self._bucket_bytes
-        ):
+        if bucket is not None and (bucket.key != key or bucket.nbytes + nbytes > cap):
             self._flush()
             bucket = None
+            cap = self._bucket_bytes
         if bucket is None:
             bucket = self._open = _Bucket(key)
         bucket.add(tensor)
-        if bucket.nbytes >= self._bucket_bytes:
+        if bucket.nbytes >= cap:
             self._flush()
         return bucket
 
@@ -280,6 +289,7 @@ class TorchCollectives(Collectives):
         bucket, self._open = self._open, None
         if bucket is not None:
             bucket.launch()
+            self._launched_since_wait = True
 
     def wait(self, handle: Handle) -> None:
         if not isinstance(handle, _Bucket):
@@ -287,6 +297,7 @@ class TorchCollectives(Collectives):
         if handle.work is None:
             self._flush()  # it is the open bucket: launch it (and anything before it ran)
         handle.complete(self._size)
+        self._launched_since_wait = False  # the next allreduce starts a new pass
 
     # -- the rest --------------------------------------------------------------------------
     def broadcast_(
