@@ -1,18 +1,61 @@
 """popdist_torch: a PopTorch-like data-parallel executor on torch and Horovod.
 
-``import popdist_torch as poptorch`` lets a PopTorch script run here unchanged.
+``import popdist_torch as poptorch`` lets a PopTorch script run here unchanged: every
+public PopTorch name is here, supported, accepted as a documented no-op, or a callable
+that raises :class:`UnsupportedOptionError` naming what to use instead
+(``docs/poptorch-compatibility.md``).
 """
 
-from popdist_torch import optim
+import warnings as _warnings
+from typing import Any as _Any
+
+from popdist_torch import optim, profiling
 from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from popdist_torch.compat import (
+    AsynchronousDataAccessor,
+    Error,
+    ICustomArgParser,
+    RecoverableError,
+    UnrecoverableError,
+    accessAttributes,
+    ctc_beam_search_decoder,
+    custom_op,
+    fps,
+    getIpuTensorId,
+    importPoptorchMetadataFromFile,
+    ipuHardwareIsAvailable,
+    ipuHardwareVersion,
+    isRunningOnIpu,
+    load,
+    nearest,
+    registerCustomArgParser,
+    registerPostCompileHook,
+    registerPreCompileHook,
+    setLogLevel,
+)
 from popdist_torch.dataloader import DataLoader
-from popdist_torch.enums import DataLoaderMode, MeanReductionStrategy, OutputMode, ReductionType
+from popdist_torch.enums import (
+    AutoStage,
+    CommGroupType,
+    ConnectionType,
+    DataLoaderMode,
+    HalfFloatCastingBehavior,
+    Liveness,
+    MatMulSerializationMode,
+    MeanReductionStrategy,
+    MultiConvPlanType,
+    OutputMode,
+    OverlapMode,
+    ReductionType,
+    SharingStrategy,
+    SyncPattern,
+    VariableRetrievalMode,
+)
 from popdist_torch.errors import (
     CollectiveError,
     DataLoaderError,
     ExecutorStateError,
     OptimizerError,
-    PipelineError,
     PopdistTorchError,
 )
 from popdist_torch.executor import (
@@ -23,6 +66,22 @@ from popdist_torch.executor import (
     trainingModel,
 )
 from popdist_torch.launch_options import PopdistOptions
+from popdist_torch.ops import (
+    CPU,
+    MultiConv,
+    NameScope,
+    cond,
+    dynamic_slice,
+    dynamic_update,
+    for_loop,
+    ipu_print_tensor,
+    nop,
+    recomputationCheckpoint,
+    serializedMatMul,
+    set_available_memory,
+    set_overlap_for_input,
+    set_overlap_for_output,
+)
 from popdist_torch.options import (
     FrozenOptionsError,
     Options,
@@ -30,32 +89,122 @@ from popdist_torch.options import (
     TensorLocationSettings,
     UnsupportedOptionError,
 )
+from popdist_torch.pipeline import (
+    BeginBlock,
+    Block,
+    BlockFunction,
+    ParallelPhasedExecution,
+    Phase,
+    PhasedExecution,
+    PipelinedExecution,
+    PipelineError,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+    removeBlocks,
+)
 
 __all__ = [
+    "CPU",
+    "AsynchronousDataAccessor",
+    "AutoStage",
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
     "CheckpointError",
     "CollectiveError",
+    "CommGroupType",
+    "ConnectionType",
     "DataLoader",
     "DataLoaderError",
     "DataLoaderMode",
+    "Error",
     "ExecutorError",
     "ExecutorStateError",
     "FrozenOptionsError",
+    "HalfFloatCastingBehavior",
+    "ICustomArgParser",
+    "Liveness",
+    "MatMulSerializationMode",
     "MeanReductionStrategy",
+    "MultiConv",
+    "MultiConvPlanType",
+    "NameScope",
     "OptimizerError",
     "Options",
     "OptionsError",
     "OutputMode",
+    "OverlapMode",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PhasedExecution",
     "PipelineError",
+    "PipelinedExecution",
     "PopdistOptions",
     "PopdistTorchError",
     "PoplarExecutor",
+    "RecoverableError",
     "ReductionType",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "SharingStrategy",
+    "Stage",
+    "SyncPattern",
     "TensorLocationSettings",
+    "UnrecoverableError",
     "UnsupportedOptionError",
+    "VariableRetrievalMode",
+    "accessAttributes",
+    "cond",
+    "ctc_beam_search_decoder",
+    "custom_op",
+    "dynamic_slice",
+    "dynamic_update",
+    "for_loop",
+    "fps",
+    "getIpuTensorId",
     "identity_loss",
+    "importPoptorchMetadataFromFile",
     "inferenceModel",
+    "ipuHardwareIsAvailable",
+    "ipuHardwareVersion",
+    "ipu_print_tensor",
+    "isRunningOnIpu",
+    "load",
     "load_checkpoint",
+    "nearest",
+    "nop",
     "optim",
+    "profiling",
+    "recomputationCheckpoint",
+    "registerCustomArgParser",
+    "registerPostCompileHook",
+    "registerPreCompileHook",
+    "removeBlocks",
     "save_checkpoint",
+    "serializedMatMul",
+    "setLogLevel",
+    "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
     "trainingModel",
 ]
+
+#: Names PopTorch deprecated and later removed: reachable, with a warning on access.
+_DEPRECATED = {"AnchorMode": "poptorch.OutputMode (PopTorch 2.4 renamed AnchorMode)"}
+
+
+def __getattr__(name: str) -> _Any:
+    """``poptorch.AnchorMode``: PopTorch's old name of ``OutputMode``, with a warning."""
+    if name in _DEPRECATED:
+        _warnings.warn(
+            f"poptorch.{name} is deprecated: use {_DEPRECATED[name]}", FutureWarning, stacklevel=2
+        )
+        from popdist_torch.enums import AnchorMode
+
+        return AnchorMode
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_DEPRECATED])

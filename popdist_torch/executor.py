@@ -15,6 +15,7 @@ model of the same module share them.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from popdist_torch.batch import Batch
 from popdist_torch.collectives import GradientReducer
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
+from popdist_torch.executor_surface import PopTorchSurface
 from popdist_torch.options import Options
 from popdist_torch.outputs import OutputCollector
 from popdist_torch.placement import CPU, instance_device, move_optimizer_state, place, to_host
@@ -93,7 +95,7 @@ def _connect(
     return GradientReducer(collectives, model.named_parameters(), average=average)
 
 
-class PoplarExecutor:
+class PoplarExecutor(PopTorchSurface):
     """A wrapped model (PopTorch's name): call it with a whole batch per call."""
 
     def __init__(
@@ -127,6 +129,8 @@ class PoplarExecutor:
         )
         place(model, self._optimizer, self._device)
         self._reducer = _connect(model, opts, self._optimizer)
+        # ``Block`` contexts show only when forward runs: the first call watches for them.
+        self._watch_blocks = not uses_stages(model, opts)
         self._runner: ReplicaRunner = make_runner(
             model,
             opts,
@@ -154,36 +158,6 @@ class PoplarExecutor:
     def __repr__(self) -> str:
         kind = "trainingModel" if self._training else "inferenceModel"
         return f"{kind}({self._user_model!r})"
-
-    def isAttachedToDevice(self) -> bool:
-        """Whether the model holds its device (PopTorch reattaches on the next call)."""
-        return self._attached
-
-    def detachFromDevice(self) -> None:
-        """Release the device; the next call reattaches."""
-        self._check_alive()
-        if not self._attached:
-            raise ExecutorStateError("detachFromDevice: the model is not attached to a device")
-        self._attached = False
-
-    def attachToDevice(self) -> None:
-        """Take the device back after ``detachFromDevice``."""
-        self._check_alive()
-        if self._attached:
-            raise ExecutorStateError("attachToDevice: the model is already attached to a device")
-        self._attached = True
-
-    def copyWeightsToHost(self) -> None:
-        """Nothing to copy: the user's module holds the weights after every call."""
-        self._check_alive()
-
-    def copyWeightsToDevice(self) -> None:
-        """Nothing to copy: calls read the user's module's weights directly."""
-        self._check_alive()
-
-    def isCompiled(self) -> bool:
-        """True: eager execution needs no compilation."""
-        return True
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Check a batch's shape against the options without running it."""
@@ -244,15 +218,61 @@ class PoplarExecutor:
         if was_training != self._training:  # module.train() walks every submodule
             model.train(self._training)
         try:
-            if self._training:
-                result = self._train(batch)
-            else:
-                with torch.no_grad():
-                    result = self._infer(batch)
+            result = self._first_call(batch) if self._watch_blocks else self._run(batch)
             return result if self._device == CPU else to_host(result)
         finally:
             if was_training != self._training:
                 model.train(was_training)
+
+    def _run(self, batch: Batch) -> Any:
+        if self._training:
+            return self._train(batch)
+        with torch.no_grad():
+            return self._infer(batch)
+
+    def _first_call(self, batch: Batch) -> Any:
+        """The first call of a model with no strategy: stage it if it places blocks.
+
+        PopTorch runs a model whose ``Block`` contexts carry an ``ipu_id`` as
+        ``PipelinedExecution(AutoStage.SameAsIpu)``; that shows only when forward runs, so
+        the first forward is watched and, at the first placed ``Block``, abandoned (before
+        any backward or optimizer step) and the call runs again through the stages.
+        ``Block`` contexts without an ``ipu_id`` leave the model whole, with one warning.
+        """
+        from popdist_torch.pipeline import BlocksPlaced, check_accumulation, watch_blocks
+
+        try:
+            with watch_blocks() as seen:
+                result = self._run(batch)
+        except BlocksPlaced:
+            self._watch_blocks = False
+            if self._training:
+                check_accumulation(None, self._options.Training.gradient_accumulation)
+                self._zero_grad()
+                if self._reducer is not None:
+                    self._reducer.disarm()
+            if self._device != CPU:  # the stage runner places the stages itself
+                self._device = CPU
+                place(self._user_model, self._optimizer, CPU)
+                batch.batched = [t.to(CPU) for t in batch.batched]
+            self._runner = make_runner(
+                self._user_model,
+                self._options,
+                reducer=self._reducer,
+                zero_grad=self._zero_grad if self._training else None,
+                staged=True,
+            )
+            return self._run(batch)
+        self._watch_blocks = False  # a call that failed is watched again next time
+        if seen.unplaced_seen:
+            warnings.warn(
+                f"{type(self._user_model).__name__} has Block contexts without an ipu_id and "
+                "no execution strategy, so it runs unstaged; to stage it give each Block an "
+                "ipu_id or call opts.setExecutionStrategy(poptorch.PipelinedExecution(...))",
+                UserWarning,
+                stacklevel=3,
+            )
+        return result
 
     def _collector(self) -> OutputCollector:
         o = self._options

@@ -15,10 +15,17 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from typing import Any, TypeVar
 
 from popdist.env import read_cache_dir
-from popdist_torch.enums import MeanReductionStrategy, OutputMode, ReductionType
+from popdist_torch.enums import (
+    AnchorMode,
+    HalfFloatCastingBehavior,
+    MeanReductionStrategy,
+    OutputMode,
+    ReductionType,
+)
 from popdist_torch.errors import FrozenOptionsError, OptionsError, UnsupportedOptionError
 
 __all__ = [
@@ -43,13 +50,29 @@ NO_OP_OPTIONS: tuple[str, ...] = (
     "syncPattern",
     "setAvailableMemoryProportion",
     "enableStableNorm",
+    "sourceLocationExcludes",
+    "appendToLocationExcludes",
+    "relaxOptimizerAttributesChecks",
+    "maxRepeatLogs",
+    "modelName",
+    "useOfflineIpuTarget",
+    "disableModuleNamescope",
+    "updatableNamedBuffers",
     "Jit.traceModel",
     "Precision.setPartialsType",
     "Precision.enableFloatingPointExceptions",
+    "Precision.halfFloatCasting",
+    "Precision.runningStatisticsAlwaysFloat",
+    "Precision.enableStochasticRounding",
     "Training.setMeanAccumulationAndReplicationReductionStrategy",
+    "Training.setConvolutionDithering",
     "TensorLocations.setActivationLocation",
     "TensorLocations.setWeightLocation",
     "TensorLocations.setAccumulatorLocation",
+    "TensorLocations.numIOTiles",
+    "_Popart.set",
+    "_Popart.setEngineOptions",
+    "_Popart.setPatterns",
 )
 
 _Self = TypeVar("_Self", bound="_OptionGroup")
@@ -157,6 +180,10 @@ class _TrainingOptions(_OptionGroup):
             "setMeanAccumulationAndReplicationReductionStrategy", MeanReductionStrategy(strategy)
         )
 
+    def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:
+        """No-op: convolution dithering is an IPU tile-placement choice."""
+        return self._no_op("setConvolutionDithering", bool(enabled))
+
     def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
         """Loss scaling for float16 training: not available (training runs in float32)."""
         raise UnsupportedOptionError(
@@ -261,6 +288,22 @@ class TensorLocationSettings:
             )
         return self
 
+    def minElementsForOffChip(self, min_elements: int) -> TensorLocationSettings:
+        """No-op: there is no on-chip memory threshold here."""
+        return self
+
+    def minElementsForReplicatedTensorSharding(self, min_elements: int) -> TensorLocationSettings:
+        """No-op: replicated tensor sharding is not available (see ``useReplicatedTensorSharding``)."""
+        return self
+
+    def useIOTilesToLoad(self, use: bool = True) -> TensorLocationSettings:
+        """No-op: there are no IO tiles."""
+        return self
+
+    def useIOTilesToStore(self, use: bool = True) -> TensorLocationSettings:
+        """No-op: there are no IO tiles."""
+        return self
+
     def __repr__(self) -> str:
         return f"TensorLocationSettings(on_chip={self.on_chip})"
 
@@ -301,6 +344,12 @@ class _TensorLocationOptions(_OptionGroup):
     def setAccumulatorLocation(self, location: TensorLocationSettings) -> _TensorLocationOptions:
         """No-op: accumulated gradients are the parameters' ``.grad``."""
         return self._no_op("setAccumulatorLocation", repr(location))
+
+    def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:
+        """No-op: there are no IO tiles."""
+        return self._no_op(
+            "numIOTiles", _positive_int("TensorLocations.numIOTiles", num_tiles, minimum=0)
+        )
 
     def _values(self) -> dict[str, Any]:
         return {"optimizer_on_chip": self._optimizer_on_chip}
@@ -363,8 +412,43 @@ class _PrecisionOptions(_OptionGroup):
         """No-op: use ``torch.autograd.set_detect_anomaly`` to trap NaNs."""
         return self._no_op("enableFloatingPointExceptions", bool(enabled))
 
+    def halfFloatCasting(self, behavior: HalfFloatCastingBehavior) -> _PrecisionOptions:
+        """No-op: torch's own type promotion decides float16/float32 mixes."""
+        return self._no_op("halfFloatCasting", HalfFloatCastingBehavior(behavior))
+
+    def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:
+        """No-op: running statistics keep the dtype of the module's buffers."""
+        return self._no_op("runningStatisticsAlwaysFloat", bool(value))
+
+    def enableStochasticRounding(self, enabled: bool) -> _PrecisionOptions:
+        """No-op: CPUs and GPUs round to nearest."""
+        return self._no_op("enableStochasticRounding", bool(enabled))
+
     def _values(self) -> dict[str, Any]:
         return {"autocast": self._autocast, "autocast_dtype": self._autocast_dtype}
+
+
+class _PopartOptions(_OptionGroup):
+    """``opts._Popart``: PopART session options; recorded, no effect (there is no PopART)."""
+
+    _prefix = "_Popart."
+
+    def set(self, key: str, value: Any) -> _PopartOptions:
+        """No-op: record a PopART option."""
+        self._check_mutable("set")
+        self._no_ops[str(key)] = value
+        return self
+
+    def setEngineOptions(self, engine_options: dict[str, str]) -> _PopartOptions:
+        """No-op: there is no Poplar engine."""
+        return self._no_op("engine_options", dict(engine_options))
+
+    def setPatterns(self, patterns: dict[str, bool], level: int = 2) -> _PopartOptions:
+        """No-op: there are no PopART graph patterns."""
+        return self._no_op("patterns", dict(patterns))
+
+    def _values(self) -> dict[str, Any]:
+        return {}
 
 
 class _NoOpSetters(_OptionGroup):
@@ -410,8 +494,81 @@ class _NoOpSetters(_OptionGroup):
         """No-op: torch's norms are already computed stably."""
         return self._no_op("enableStableNorm", bool(enabled))
 
+    def sourceLocationExcludes(self: _Self, excludes: list[str]) -> _Self:
+        """No-op: there are no compiler source locations."""
+        return self._no_op("sourceLocationExcludes", list(excludes))
 
-class Options(_NoOpSetters):
+    def appendToLocationExcludes(self: _Self, *excludes: str) -> _Self:
+        """No-op: there are no compiler source locations."""
+        return self._no_op("appendToLocationExcludes", list(excludes))
+
+    def relaxOptimizerAttributesChecks(self: _Self, relax: bool = True) -> _Self:
+        """No-op: any torch optimizer is accepted as it is."""
+        return self._no_op("relaxOptimizerAttributesChecks", bool(relax))
+
+    def maxRepeatLogs(self: _Self, max_lines: int | None) -> _Self:
+        """No-op: the executor writes no repeated compiler logs."""
+        return self._no_op("maxRepeatLogs", max_lines)
+
+    def modelName(self: _Self, name: str) -> _Self:
+        """No-op: names nothing here (there is no compiled executable to name)."""
+        return self._no_op("modelName", str(name))
+
+    def useOfflineIpuTarget(self: _Self, ipu_version: int = 2) -> _Self:
+        """No-op: the model runs on this host; there is no offline compilation target."""
+        return self._no_op("useOfflineIpuTarget", int(ipu_version))
+
+    def disableModuleNamescope(self: _Self) -> _Self:
+        """No-op: there are no compiler name scopes."""
+        return self._no_op("disableModuleNamescope", True)
+
+    def updatableNamedBuffers(self: _Self, buffers: list[str]) -> _Self:
+        """No-op: every buffer of the module is updatable already."""
+        return self._no_op("updatableNamedBuffers", list(buffers))
+
+
+class _RefusedSetters(_OptionGroup):
+    """PopTorch's top-level setters that cannot be honoured here: each raises, naming why."""
+
+    def enableSyntheticData(self: _Self, enabled: bool) -> _Self:
+        """Synthetic data would skip the host data: not available."""
+        if enabled:
+            raise UnsupportedOptionError(
+                "enableSyntheticData(True) is not supported: the executor always uses the "
+                "tensors you pass; build random tensors yourself to benchmark without I/O"
+            )
+        return self
+
+    def anchorTensor(self: _Self, *args: Any, **kwargs: Any) -> _Self:
+        """Returning intermediate tensors is not available."""
+        raise UnsupportedOptionError(
+            "anchorTensor is not supported: return the tensor from forward() instead"
+        )
+
+    def enableProfiling(self: _Self, profile_dir: str | None = None) -> _Self:
+        """PopVision profiles do not exist here."""
+        raise UnsupportedOptionError(
+            "enableProfiling is not supported: there is no PopVision profile; use "
+            "torch.profiler, or popdist_torch.pipeline.record_schedule() for a staged "
+            "model's schedule"
+        )
+
+    def loadFromFile(self: _Self, filepath: str) -> _Self:
+        """PopTorch's option files are not read."""
+        raise UnsupportedOptionError(
+            f"loadFromFile({filepath!r}) is not supported: call the setters in Python "
+            "(opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
+        )
+
+    def from_json(self: _Self, string: str) -> _Self:
+        """PopTorch's JSON option strings are not read."""
+        raise UnsupportedOptionError(
+            "from_json is not supported: call the setters in Python "
+            "(opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
+        )
+
+
+class Options(_RefusedSetters, _NoOpSetters):
     """PopTorch's options: batching, replication, outputs, distribution, caching."""
 
     def __init__(self) -> None:
@@ -430,6 +587,7 @@ class Options(_NoOpSetters):
         self.TensorLocations = _TensorLocationOptions()
         self.Jit = _JitOptions()
         self.Precision = _PrecisionOptions()
+        self._Popart = _PopartOptions()
 
     # -- read properties --------------------------------------------------------------
     @property
@@ -507,6 +665,8 @@ class Options(_NoOpSetters):
     ) -> Options:
         """Which outputs to return: ``Final``, ``EveryN`` (with a period), ``All``, ``Sum``, ``Default``."""
         self._check_mutable("outputMode")
+        if isinstance(output_mode, AnchorMode):
+            _warn_anchor("outputMode(AnchorMode...)", "outputMode(poptorch.OutputMode...)")
         try:
             mode = OutputMode(output_mode)
         except ValueError:
@@ -525,6 +685,24 @@ class Options(_NoOpSetters):
             period = 1
         self._output_mode, self._output_return_period = mode, period
         return self
+
+    def anchorMode(
+        self, anchor_mode: AnchorMode | OutputMode, anchor_return_period: int | None = None
+    ) -> Options:
+        """PopTorch's deprecated name of ``outputMode`` (warns, then sets the output mode)."""
+        _warn_anchor("Options.anchorMode", "Options.outputMode")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # one warning per call, not two
+            return self.outputMode(OutputMode(int(anchor_mode)), anchor_return_period)
+
+    def defaultAnchorMode(self) -> bool:
+        """PopTorch's deprecated name of ``defaultOutputMode`` (warns)."""
+        _warn_anchor("Options.defaultAnchorMode", "Options.defaultOutputMode")
+        return self.defaultOutputMode()
+
+    def exists(self, option: str) -> bool:
+        """Whether ``option`` (a ``toDict()`` key such as ``"random_seed"``) has a value."""
+        return self.toDict().get(option) is not None
 
     def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
         """Broadcast buffers from instance 0 at wrap time (default ``True``)."""
@@ -547,8 +725,8 @@ class Options(_NoOpSetters):
             strategy, (PipelinedExecution, ShardedExecution)
         ):
             raise OptionsError(
-                f"setExecutionStrategy({strategy!r}): expected a PipelinedExecution or "
-                f"ShardedExecution"
+                f"setExecutionStrategy({strategy!r}): expected a PipelinedExecution, "
+                f"ShardedExecution, SerialPhasedExecution or ParallelPhasedExecution"
             )
         self._execution_strategy = strategy
         return self
@@ -563,24 +741,16 @@ class Options(_NoOpSetters):
             )
         return self
 
-    def enableSyntheticData(self, enabled: bool) -> Options:
-        """Synthetic data would skip the host data: not available."""
-        if enabled:
-            raise UnsupportedOptionError(
-                "enableSyntheticData(True) is not supported: the executor always uses the "
-                "tensors you pass; build random tensors yourself to benchmark without I/O"
-            )
-        return self
-
-    def anchorTensor(self, *args: Any, **kwargs: Any) -> Options:
-        """Returning intermediate tensors is not available."""
-        raise UnsupportedOptionError(
-            "anchorTensor is not supported: return the tensor from forward() instead"
-        )
-
     # -- whole-object helpers ---------------------------------------------------------
     def _groups(self) -> tuple[_OptionGroup, ...]:
-        return (self.Training, self.Distributed, self.TensorLocations, self.Jit, self.Precision)
+        return (
+            self.Training,
+            self.Distributed,
+            self.TensorLocations,
+            self.Jit,
+            self.Precision,
+            self._Popart,
+        )
 
     def _freeze(self) -> None:
         """Forbid further changes (a DataLoader relies on the batch arithmetic)."""
@@ -633,3 +803,9 @@ class Options(_NoOpSetters):
 
     def __repr__(self) -> str:
         return f"Options({self.toDict()!r})"
+
+
+def _warn_anchor(old: str, new: str) -> None:
+    warnings.warn(
+        f"{old} is deprecated (PopTorch 2.4 renamed it): use {new}", FutureWarning, stacklevel=3
+    )

@@ -259,13 +259,16 @@ def make_runner(
     *,
     reducer: GradientReducer | None,
     zero_grad: Callable[[], None] | None = None,
+    staged: bool | None = None,
     device_type: str = "cpu",
 ) -> ReplicaRunner:
     """The runner for ``model`` under ``options``; ``zero_grad`` restarts an update.
 
+    ``staged`` forces the choice (the executor stages a model whose first forward placed
+    ``Block`` contexts); by default a model is staged when :func:`uses_stages` says so.
     ``device_type`` is where the replicas compute (``torch.autocast``'s device).
     """
-    if not uses_stages(model, options):
+    if not (uses_stages(model, options) if staged is None else staged):
         autocast = None
         precision = options.Precision
         if precision.autocast_enabled:

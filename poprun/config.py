@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from popdist.env import BACKENDS
@@ -94,6 +94,9 @@ class RunConfig:
         for key, text in self.vipu:
             out[key.replace("_", "-")] = text
         return out
+
+
+_FIELDS = frozenset(field.name for field in fields(RunConfig))
 
 
 # --- rules between options --------------------------------------------------------------------
@@ -287,23 +290,19 @@ def build(
     # Remote-only runs cannot check the program here; the hosts must mirror local paths.
     if (require_program or program) and (not program or not hosts or any(map(is_local, hosts))):
         _check_program(program, environ)
-    same = (  # options stored as read, under their own name
-        *("ipus_per_replica", "mpi_global_args", "mpi_local_args", "output_dir", "backend"),
-        *("executable_cache_path", "host_subnet", "timeout", "print_topology", "dry_run"),
-        *("offline_mode", "allow_run_as_root", "use_default_allocator"),
-    )
-    return RunConfig(
-        program=tuple(program),
-        num_instances=num_instances,
-        num_replicas=num_replicas,
-        hosts=hosts,
-        instance_mpi_local_args=instance_args,
-        only_output_from_instance=only,
-        process_placement=_placement(values),
-        verbose=int(merged.get("verbose") or 0),
-        vipu=tuple((key, values[key]) for key in VIPU_OPTIONS if key in values),
-        **{key: values[key] for key in same if key in values},
-    )
+    derived: dict[str, Any] = {
+        "num_instances": num_instances,
+        "num_replicas": num_replicas,
+        "hosts": hosts,
+        "instance_mpi_local_args": instance_args,
+        "only_output_from_instance": only,
+        "process_placement": _placement(values),
+        "verbose": int(merged.get("verbose") or 0),
+        "vipu": tuple((key, values[key]) for key in VIPU_OPTIONS if key in values),
+    }
+    # Every other option with a RunConfig field of its own name is stored as read.
+    same = {k: v for k, v in values.items() if k in _FIELDS and k not in derived}
+    return RunConfig(program=tuple(program), **derived, **same)
 
 
 def export_file(config: RunConfig, path: str, *, overwrite: bool) -> None:

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from popdist_torch._schedule import pipeline_ops, sharded_order
 from popdist_torch.pipeline import (
     BeginBlock,
     Block,
@@ -22,7 +21,9 @@ from popdist_torch.pipeline import (
     check_accumulation,
     chrome_trace,
     has_block_annotations,
+    pipeline_ops,
     record_schedule,
+    sharded_order,
 )
 
 pytestmark = pytest.mark.unit
@@ -453,8 +454,9 @@ def test_training_model_with_stages_matches_plain_training(strategy: str | None)
     )
     with record_schedule() as events:
         training(torch.cat([x for x, _ in mbs]), torch.cat([y for _, y in mbs]))
+    # PopTorch's AutoStage.SameAsIpu: B2 and B3 share ipu_id 1, so they form one stage.
     assert sorted((e.stage, e.kind, e.micro_batch) for e in events) == sorted(
-        (s, k, m) for s in range(3) for k in "FB" for m in range(3)
+        (s, k, m) for s in range(2) for k in "FB" for m in range(3)
     )
     for (name, p), q in zip(ref.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=name)
@@ -466,6 +468,6 @@ def test_training_model_with_stages_matches_plain_training(strategy: str | None)
     x = torch.cat([x for x, _ in mbs])
     with record_schedule() as events:
         got = inference(x)
-    assert {(e.stage, e.kind) for e in events} == {(0, "F"), (1, "F"), (2, "F")}
+    assert {(e.stage, e.kind) for e in events} == {(0, "F"), (1, "F")}
     with torch.no_grad():
         torch.testing.assert_close(got, model(x), rtol=1e-6, atol=0)

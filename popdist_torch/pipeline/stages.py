@@ -19,13 +19,14 @@ from typing import Any
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
-from popdist_torch._blocks import (
+from popdist_torch.enums import AutoStage
+from popdist_torch.pipeline.blocks import (
+    ExecutionStrategy,
     PipelineError,
     Stage,
-    _enter_block,
-    _ExecutionStrategy,
-    _trace_state,
     begin_block_of,
+    enter_block,
+    trace_state,
 )
 
 _ALL = "__model__"
@@ -80,7 +81,7 @@ class _BlockTracer(fx.Tracer):
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
-        node.meta["popdist_block"] = _trace_state.current
+        node.meta["popdist_block"] = trace_state.current
         return node
 
     def call_module(
@@ -96,7 +97,7 @@ class _BlockTracer(fx.Tracer):
             name = (
                 user_id if user_id is not None else (f"ipu{ipu_id}" if ipu_id is not None else None)
             )
-            _enter_block(name, ipu_id)
+            enter_block(name, ipu_id)
         return super().call_module(m, forward, args, kwargs)
 
 
@@ -126,7 +127,7 @@ def _concrete_args(model: nn.Module, num_inputs: int) -> dict[str, Any]:
 def trace(model: nn.Module, num_inputs: int) -> tuple[fx.GraphModule, dict[str, int | None]]:
     """Trace ``model`` for ``num_inputs`` inputs; nodes carry ``meta['popdist_block']``."""
     concrete = _concrete_args(model, num_inputs)
-    state = _trace_state
+    state = trace_state
     state.reset()
     state.tracing = True
     try:
@@ -168,7 +169,7 @@ def _assign_blocks(gm: fx.GraphModule) -> list[str]:
 
 
 def _resolve_stages(
-    strategy: _ExecutionStrategy | None,
+    strategy: ExecutionStrategy | None,
     order: list[str],
     ipu_of: dict[str, int | None],
 ) -> list[StageSpec]:
@@ -180,15 +181,11 @@ def _resolve_stages(
                 "Block('B1') contexts or BeginBlock(module, 'B1')"
             )
         return [StageSpec(0, 0, (_ALL,))]
-    stages: list[Stage]
-    if strategy is None or not strategy.stages:
-        stages = []
-        for name in order:
-            stage = Stage(name)
-            ipu = ipu_of.get(name)
-            stages.append(stage.ipu(ipu) if ipu is not None else stage)
-    else:
-        stages = list(strategy.stages)
+    stages = (
+        list(strategy.stages)
+        if strategy is not None and strategy.stages
+        else _auto_stages(strategy, order, ipu_of)
+    )
     known = set(order)
     placed: dict[str, int] = {}
     for index, stage in enumerate(stages):
@@ -216,9 +213,32 @@ def _resolve_stages(
         if ipu is None:
             ids = {ipu_of.get(b) for b in stage.blocks}
             only = ids.pop() if len(ids) == 1 else None
-            ipu = only if only is not None else index
+            default = strategy.default_ipu(index) if strategy is not None else index
+            ipu = only if only is not None else default
         specs.append(StageSpec(index, ipu, stage.blocks))
     return specs
+
+
+def _auto_stages(
+    strategy: ExecutionStrategy | None, order: list[str], ipu_of: dict[str, int | None]
+) -> list[Stage]:
+    """The stages of a strategy that names none: by ipu id, or one per block."""
+    auto = strategy.auto_stage if strategy is not None else AutoStage.SameAsIpu
+    block_ipus = [ipu_of.get(name) for name in order]
+    if auto == AutoStage.SameAsIpu and all(i is not None for i in block_ipus):
+        # PopTorch's default: the stage id is the ipu id, so the blocks of one device
+        # form one stage, and stages run in device order.
+        return [
+            Stage(*[n for n, i in zip(order, block_ipus, strict=True) if i == ipu]).ipu(ipu)
+            for ipu in sorted({i for i in block_ipus if i is not None})
+        ]
+    # AutoIncrement (or blocks without an ipu_id): one stage per block.
+    stages = []
+    for name in order:
+        stage = Stage(name)
+        ipu = ipu_of.get(name)
+        stages.append(stage.ipu(ipu) if ipu is not None else stage)
+    return stages
 
 
 def _check_devices(specs: list[StageSpec], num_devices: int) -> None:
@@ -243,7 +263,8 @@ def _check_forward_flow(gm: fx.GraphModule, stage_of_block: dict[str, int]) -> N
                 raise PipelineError(
                     f"block {arg.meta['popdist_block']!r} (stage {there}) feeds block "
                     f"{node.meta['popdist_block']!r} (stage {here}): activations would go "
-                    "backwards; list the stages in forward order"
+                    "backwards; list the stages in forward order (blocks that return to an "
+                    "earlier ipu_id: PipelinedExecution(AutoStage.AutoIncrement))"
                 )
 
 
@@ -265,7 +286,7 @@ def _check_disjoint_parameters(specs: list[StageSpec]) -> None:
 
 def build_plan(
     model: nn.Module,
-    strategy: _ExecutionStrategy | None,
+    strategy: ExecutionStrategy | None,
     num_inputs: int,
     num_devices: int,
 ) -> StagePlan:

@@ -25,13 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from popdist_torch._blocks import (
+from popdist_torch.pipeline.blocks import (
+    ExecutionStrategy,
     PipelinedExecution,
     PipelineError,
-    _check_depth,
-    _ExecutionStrategy,
+    check_depth,
 )
-from popdist_torch._stages import Source, StagePlan, StageSpec, build_plan, loss_source
+from popdist_torch.pipeline.stages import Source, StagePlan, StageSpec, build_plan, loss_source
 
 Op = tuple[str, int]  # ("F" | "B", micro-batch index)
 
@@ -190,7 +190,7 @@ class StageRunner:
     def __init__(
         self,
         model: nn.Module,
-        strategy: _ExecutionStrategy | None,
+        strategy: ExecutionStrategy | None,
         *,
         num_devices: int | None,
         devices: Sequence[torch.device] | None = None,
@@ -265,7 +265,7 @@ class StageRunner:
         """
         plan = self._plan_for(micro_batches)
         if isinstance(self.strategy, PipelinedExecution) or self.strategy is None:
-            _check_depth(len(plan.stages), len(micro_batches))
+            check_depth(len(plan.stages), len(micro_batches))
         return self._run(plan, micro_batches, training=True, grad_scale=grad_scale)
 
     def forward(self, micro_batches: Sequence[Sequence[torch.Tensor]]) -> list[Any]:

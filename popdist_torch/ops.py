@@ -1,0 +1,212 @@
+"""PopTorch's in-model operations (``poptorch.nop``, ``poptorch.for_loop``...) on torch.
+
+On an IPU these steer the graph compiler; here the model runs eagerly on the host (or a
+GPU), so each computes what PopTorch computes with plain torch, and the compiler hints
+(memory proportions, overlap, name scopes, multi-convolution plans) return their input.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from popdist_torch.enums import MatMulSerializationMode, MultiConvPlanType, OverlapMode
+
+__all__ = [
+    "CPU",
+    "MultiConv",
+    "NameScope",
+    "cond",
+    "dynamic_slice",
+    "dynamic_update",
+    "for_loop",
+    "ipu_print_tensor",
+    "nop",
+    "recomputationCheckpoint",
+    "serializedMatMul",
+    "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
+]
+
+
+def nop(tensor: torch.Tensor) -> torch.Tensor:
+    """Return ``tensor`` (PopTorch inserts an operation the compiler cannot remove)."""
+    return tensor
+
+
+def ipu_print_tensor(
+    tensor: torch.Tensor, title: str = "", *args: Any, **kwargs: Any
+) -> torch.Tensor:
+    """Print ``tensor`` (with ``title``) when the model runs; returns it."""
+    builtins.print(f"{title}{tensor}" if title else tensor)
+    return tensor
+
+
+def recomputationCheckpoint(*tensors: Any) -> Any:
+    """Return the tensors as given: there is no recomputation to checkpoint here."""
+    if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
+        return type(tensors[0])(tensors[0])
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"recomputationCheckpoint takes tensors, got {type(t).__name__}")
+    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+
+def for_loop(
+    count: int, body: Callable[..., Any], inputs: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """Run ``body`` ``count`` times, each output feeding the next iteration's inputs."""
+    if not isinstance(inputs, list) or not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise ValueError("for_loop expects its inputs as a list of tensors")
+    values: list[torch.Tensor] = [t.clone() for t in inputs]
+    for _ in range(count):
+        out = body(*values)
+        values = list(out) if isinstance(out, (list, tuple)) else [out]
+        if len(values) != len(inputs):
+            raise ValueError(
+                f"for_loop body returned {len(values)} tensors for {len(inputs)} inputs; "
+                "it must return as many tensors as it takes"
+            )
+    return values
+
+
+def cond(
+    condition: torch.Tensor,
+    then_body: Callable[..., Any],
+    then_inps: list[torch.Tensor],
+    else_body: Callable[..., Any],
+    else_inps: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """Run ``then_body(*then_inps)`` if ``condition`` is true, else ``else_body(*else_inps)``."""
+    out = then_body(*then_inps) if bool(condition) else else_body(*else_inps)
+    return [out] if isinstance(out, torch.Tensor) else list(out)
+
+
+def dynamic_slice(
+    tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int
+) -> torch.Tensor:
+    """``tensor[start:start + size:step]`` along ``dim`` (``start`` may be a tensor)."""
+    begin = int(start)
+    index = torch.arange(begin, begin + size, step, device=tensor.device)
+    return tensor.index_select(dim, index)
+
+
+def dynamic_update(
+    input: torch.Tensor, src: torch.Tensor, dim: int, start: torch.Tensor, size: int
+) -> torch.Tensor:
+    """A copy of ``input`` with ``src`` written at ``start:start+size`` along ``dim``."""
+    out = input.clone()
+    out.narrow(dim, int(start), size).copy_(src)
+    return out
+
+
+def serializedMatMul(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    mode: MatMulSerializationMode,
+    factor: int = 0,
+    keep_precision: bool = False,
+) -> torch.Tensor:
+    """``lhs @ rhs`` (PopTorch splits it to save IPU memory; torch computes it whole)."""
+    MatMulSerializationMode(mode)
+    return torch.matmul(lhs, rhs)
+
+
+def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float) -> torch.Tensor:
+    """Return ``tensor``: there is no IPU tile memory to plan."""
+    return tensor
+
+
+def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
+    """Return the inputs: there are no IO tiles to overlap."""
+    OverlapMode(mode)
+    return input_tensors
+
+
+def set_overlap_for_output(output_tensors: Any, mode: OverlapMode) -> Any:
+    """Return the outputs: there are no IO tiles to overlap."""
+    OverlapMode(mode)
+    return output_tensors
+
+
+class CPU:
+    """Run ``layer_to_call`` on the host: here the whole model already runs there."""
+
+    def __init__(self, layer_to_call: Callable[..., Any], ID: str) -> None:
+        self._layer_to_call = layer_to_call
+        self._ID = ID
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._layer_to_call(*args, **kwargs)
+
+
+class NameScope:
+    """Context naming the operations inside it in the IPU graph; changes nothing here."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> NameScope:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+
+class MultiConv:
+    """Context grouping convolutions for the IPU planner; here they run one by one.
+
+    The planner settings are accepted and chain, as in PopTorch.
+    """
+
+    def __init__(self) -> None:
+        self.settings: dict[str, Any] = {}
+
+    def _set(self, name: str, value: Any) -> MultiConv:
+        self.settings[name] = value
+        return self
+
+    def availableMemoryProportions(self, value: float | Sequence[float]) -> MultiConv:
+        """Accepted: no tile memory to plan."""
+        return self._set("available_memory_proportions", value)
+
+    def partialsTypes(self, value: Any) -> MultiConv:
+        """Accepted: partials use the model's dtype."""
+        return self._set("partials_types", value)
+
+    def planType(self, value: MultiConvPlanType) -> MultiConv:
+        """Accepted: convolutions run one after the other."""
+        return self._set("plan_type", MultiConvPlanType(value))
+
+    def perConvReservedTiles(self, value: int) -> MultiConv:
+        """Accepted: there are no tiles."""
+        return self._set("per_conv_reserved_tiles", value)
+
+    def cycleBackOff(self, value: float) -> MultiConv:
+        """Accepted: there is no planner."""
+        return self._set("cycle_back_off", value)
+
+    def enableConvDithering(self, value: bool | Sequence[bool]) -> MultiConv:
+        """Accepted: there is no tile placement."""
+        return self._set("enable_conv_dithering", value)
+
+    def __enter__(self) -> MultiConv:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None

@@ -1,0 +1,430 @@
+"""``import popdist_torch as poptorch``: PopTorch's whole public surface, and auto-staging."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import popdist_torch as poptorch
+from popdist_torch.compat import (
+    POPTORCH_EXECUTOR_METHODS,
+    POPTORCH_NAMES,
+    POPTORCH_OPTION_METHODS,
+    POPTORCH_TENSOR_LOCATION_METHODS,
+)
+from popdist_torch.options import NO_OP_OPTIONS, UnsupportedOptionError
+from popdist_torch.pipeline import PipelineError, record_schedule
+from tests.jobs import ROOT
+
+pytestmark = pytest.mark.unit
+
+TABLE = ROOT / "docs" / "poptorch-compatibility.md"
+
+# Every PopTorch Options method with arguments a PopTorch script passes, and what happens:
+# "set" (supported), "no-op" (recorded, listed in NO_OP_OPTIONS), "refused".
+_LOC = poptorch.TensorLocationSettings().useOnChipStorage(False)
+OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "anchorMode": ((poptorch.OutputMode.All,), "set"),
+    "anchorTensor": (("grad", "x"), "refused"),
+    "appendToLocationExcludes": (("torch/nn",), "no-op"),
+    "autoRoundNumIPUs": ((True,), "no-op"),
+    "broadcastBuffers": ((False,), "set"),
+    "clone": ((), "set"),
+    "connectionType": ((poptorch.ConnectionType.OnDemand,), "no-op"),
+    "defaultAnchorMode": ((), "set"),
+    "defaultOutputMode": ((), "set"),
+    "deviceIterations": ((4,), "set"),
+    "disableModuleNamescope": ((), "no-op"),
+    "enableExecutableCaching": ((None,), "set"),
+    "enableProfiling": (("profile",), "refused"),
+    "enableStableNorm": ((True,), "no-op"),
+    "enableSyntheticData": ((True,), "refused"),
+    "exists": (("random_seed",), "set"),
+    "from_json": (("{}",), "refused"),
+    "inputReplicaGrouping": ((2,), "refused"),
+    "loadFromFile": (("opts.conf",), "refused"),
+    "logCycleCount": ((True,), "no-op"),
+    "logDir": (("logs",), "no-op"),
+    "maxRepeatLogs": ((4,), "no-op"),
+    "modelName": (("net",), "no-op"),
+    "outputMode": ((poptorch.OutputMode.Sum,), "set"),
+    "randomSeed": ((42,), "set"),
+    "relaxOptimizerAttributesChecks": ((), "no-op"),
+    "replicationFactor": ((2,), "set"),
+    "setAvailableMemoryProportion": (({"IPU0": 0.5},), "no-op"),
+    "setExecutionStrategy": ((poptorch.ShardedExecution(),), "set"),
+    "showCompilationProgressBar": ((False,), "no-op"),
+    "sourceLocationExcludes": ((["torch"],), "no-op"),
+    "syncPattern": ((poptorch.SyncPattern.Full,), "no-op"),
+    "toDict": ((), "set"),
+    "updatableNamedBuffers": ((["bn.running_mean"],), "no-op"),
+    "useIpuId": ((1,), "no-op"),
+    "useIpuModel": ((True,), "no-op"),
+    "useOfflineIpuTarget": ((2,), "no-op"),
+    "Training.accumulationAndReplicationReductionType": ((poptorch.ReductionType.Sum,), "set"),
+    "Training.gradientAccumulation": ((4,), "set"),
+    "Training.setAutomaticLossScaling": ((True,), "refused"),
+    "Training.setConvolutionDithering": ((True,), "no-op"),
+    "Training.setMeanAccumulationAndReplicationReductionStrategy": (
+        (poptorch.MeanReductionStrategy.Running,),
+        "no-op",
+    ),
+    "Distributed.configureProcessId": ((0, 1), "set"),
+    "Distributed.disable": ((), "set"),
+    "Distributed.numProcesses": ((), "property"),
+    "Distributed.processId": ((), "property"),
+    "Distributed.setEnvVarNames": (("NO_SUCH_SIZE", "NO_SUCH_RANK"), "set"),
+    "TensorLocations.numIOTiles": ((32,), "no-op"),
+    "TensorLocations.setAccumulatorLocation": ((_LOC,), "no-op"),
+    "TensorLocations.setActivationLocation": ((_LOC,), "no-op"),
+    "TensorLocations.setOptimizerLocation": ((_LOC,), "set"),
+    "TensorLocations.setWeightLocation": ((_LOC,), "no-op"),
+    "Jit.traceModel": ((True,), "no-op"),
+    "Precision.enableFloatingPointExceptions": ((True,), "no-op"),
+    "Precision.enableStochasticRounding": ((True,), "no-op"),
+    "Precision.halfFloatCasting": ((poptorch.HalfFloatCastingBehavior.Default,), "no-op"),
+    "Precision.runningStatisticsAlwaysFloat": ((True,), "no-op"),
+    "Precision.setPartialsType": ((torch.float16,), "no-op"),
+    "_Popart.set": (("enableOutlining", False), "no-op"),
+    "_Popart.setEngineOptions": (({"opt.x": "1"},), "no-op"),
+    "_Popart.setPatterns": (({"PadSum": True},), "no-op"),
+}
+
+
+def _qualified() -> list[str]:
+    return [f"{g}.{m}" if g else m for g, ms in POPTORCH_OPTION_METHODS.items() for m in ms]
+
+
+def test_every_poptorch_name_is_reachable_and_typos_are_not() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # AnchorMode warns on access
+        missing = [name for name in POPTORCH_NAMES if not hasattr(poptorch, name)]
+    assert missing == []
+    assert set(POPTORCH_NAMES) <= set(dir(poptorch))
+    assert not hasattr(poptorch, "PipelinedExecutoin")
+    with pytest.raises(AttributeError, match="PipelinedExecutoin"):
+        _ = poptorch.PipelinedExecutoin  # type: ignore[attr-defined]
+
+
+def test_the_tutorial_names_are_the_pipeline_classes() -> None:
+    from popdist_torch import pipeline
+
+    for name in ("Block", "BeginBlock", "Stage", "PipelinedExecution", "ShardedExecution"):
+        assert getattr(poptorch, name) is getattr(pipeline, name)
+
+
+@pytest.mark.parametrize("name", _qualified())
+def test_every_options_method_behaves_as_documented(name: str) -> None:
+    args, outcome = OPTION_CALLS[name]
+    opts = poptorch.Options()
+    group, _, method = name.rpartition(".")
+    target = getattr(opts, group) if group else opts
+    if outcome == "property":
+        assert isinstance(getattr(target, method), int)
+        return
+    call = getattr(target, method)
+    if outcome == "refused":
+        with pytest.raises(UnsupportedOptionError, match=re.escape(method)):
+            call(*args)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        result = call(*args)
+    if outcome == "no-op":
+        assert name in NO_OP_OPTIONS
+        assert result is target
+    else:
+        assert name not in NO_OP_OPTIONS
+
+
+def test_option_calls_cover_poptorch_exactly() -> None:
+    assert sorted(OPTION_CALLS) == sorted(_qualified())
+
+
+def test_tensor_location_settings_methods_chain() -> None:
+    settings = poptorch.TensorLocationSettings()
+    for method in POPTORCH_TENSOR_LOCATION_METHODS:
+        arg: Any = 4 if method.startswith("minElements") else False
+        assert getattr(settings, method)(arg) is settings
+
+
+def test_compatibility_table_lists_every_name() -> None:
+    rows = set(re.findall(r"^\| `([^`]+)`", TABLE.read_text(), re.M))
+    names = {f"poptorch.{n}" for n in POPTORCH_NAMES}
+    names |= {f"Options.{q}" for q in _qualified()}
+    names |= {f"TensorLocationSettings.{m}" for m in POPTORCH_TENSOR_LOCATION_METHODS}
+    names |= {f"PoplarExecutor.{m}" for m in POPTORCH_EXECUTOR_METHODS}
+    assert sorted(names - rows) == []
+
+
+def test_anchor_mode_is_a_deprecated_alias_of_output_mode() -> None:
+    with pytest.warns(FutureWarning, match="OutputMode"):
+        anchor = poptorch.AnchorMode  # type: ignore[attr-defined]
+    assert "AnchorMode" in dir(poptorch)
+    opts = poptorch.Options()
+    with pytest.warns(FutureWarning, match="outputMode") as caught:
+        assert opts.anchorMode(anchor.EveryN, 5) is opts
+    assert len(caught) == 1
+    assert (opts.output_mode, opts.output_return_period) == (poptorch.OutputMode.EveryN, 5)
+    with pytest.warns(FutureWarning, match="OutputMode"):
+        opts.outputMode(anchor.All)
+    assert opts.output_mode == poptorch.OutputMode.All
+    with pytest.warns(FutureWarning, match="defaultOutputMode"):
+        assert opts.defaultAnchorMode() is False
+
+
+def test_refused_names_raise_naming_what_to_use() -> None:
+    with pytest.raises(UnsupportedOptionError, match="load_checkpoint"):
+        poptorch.load("model.poptorch")
+    with pytest.raises(UnsupportedOptionError, match="in torch inside forward"):
+        poptorch.custom_op([torch.ones(1)], "Cube", "com.acme", 1)
+    with pytest.raises(UnsupportedOptionError, match="ipuHardwareIsAvailable"):
+        poptorch.ipuHardwareVersion()
+
+
+def test_hardware_queries_and_log_level() -> None:
+    assert poptorch.ipuHardwareIsAvailable() is False
+    assert poptorch.ipuHardwareIsAvailable(4) is False
+    assert poptorch.isRunningOnIpu() is False
+    logger = logging.getLogger("popdist_torch")
+    before = logger.level
+    try:
+        poptorch.setLogLevel("DEBUG")
+        assert logger.level == logging.DEBUG
+        poptorch.setLogLevel(4)
+        assert logger.level == logging.ERROR
+        with pytest.raises(ValueError, match="TRACE, DEBUG, INFO, WARN, ERR, OFF"):
+            poptorch.setLogLevel("LOUD")
+    finally:
+        logger.setLevel(before)
+
+
+def test_ops_compute_what_poptorch_computes() -> None:
+    x = torch.arange(10.0)
+    assert poptorch.nop(x) is x
+    assert poptorch.recomputationCheckpoint(x) is x
+    assert poptorch.set_available_memory(x, 0.2) is x
+    (out,) = poptorch.for_loop(3, lambda t: t * 2, [torch.ones(2)])
+    torch.testing.assert_close(out, torch.full((2,), 8.0))
+    (picked,) = poptorch.cond(torch.tensor(False), lambda t: t + 1, [x], lambda t: t - 1, [x])
+    torch.testing.assert_close(picked, x - 1)
+    torch.testing.assert_close(poptorch.dynamic_slice(x, 0, torch.tensor(2), 6, 2), x[2:8:2])
+    updated = poptorch.dynamic_update(x, torch.zeros(3), 0, torch.tensor(4), 3)
+    assert updated[4:7].sum() == 0 and x[4] == 4  # a copy, the input is unchanged
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    torch.testing.assert_close(
+        poptorch.serializedMatMul(a, b, poptorch.MatMulSerializationMode.OutputChannels, 2), a @ b
+    )
+    assert poptorch.CPU(lambda t: t * 3, "triple")(x)[1] == 3
+    with (
+        poptorch.NameScope("enc"),
+        poptorch.MultiConv().planType(poptorch.MultiConvPlanType.Serial),
+    ):
+        assert torch.equal(torch.relu(x), x)
+
+
+def test_executor_methods_exist_and_refusals_name_the_alternative() -> None:
+    model = nn.Linear(2, 2)
+    executor = poptorch.inferenceModel(model)
+    missing = [m for m in POPTORCH_EXECUTOR_METHODS if not hasattr(executor, m)]
+    assert missing == []
+    assert executor.copyWeightsToHostIfNeeded() is False
+    with pytest.raises(UnsupportedOptionError, match="save_checkpoint"):
+        executor.compileAndExport("model.poptorch")
+    with pytest.raises(UnsupportedOptionError, match=r"torch\.profiler"):
+        executor.getHostIpuLatency()
+    state = executor.rng_state
+    first = torch.rand(3)
+    executor.rng_state = state
+    torch.testing.assert_close(torch.rand(3), first)
+
+
+def test_asynchronous_data_accessor_yields_the_loaders_batches() -> None:
+    data = [torch.full((2,), float(i)) for i in range(5)]
+    accessor = poptorch.AsynchronousDataAccessor(data, buffer_size=2)
+    assert len(accessor) == 5
+    assert [int(t[0]) for t in accessor] == [0, 1, 2, 3, 4]
+    accessor.terminate()
+
+
+def test_profiling_channel_is_a_no_op() -> None:
+    obj = object()
+    channel = poptorch.profiling.Channel("data")
+    assert channel.instrument(obj, "__getitem__") is obj
+    with channel.tracepoint("load"):
+        pass
+
+
+# -- auto-staging --------------------------------------------------------------------------
+
+
+class PlacedNet(nn.Module):
+    """Blocks with ``ipu_id`` and no strategy: PopTorch pipelines them (SameAsIpu)."""
+
+    def __init__(self, placed: bool = True) -> None:
+        super().__init__()
+        self.placed = placed
+        self.l1 = nn.Linear(6, 12)
+        self.l2 = nn.Linear(12, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> Any:
+        with poptorch.Block(ipu_id=0 if self.placed else None):
+            h = torch.relu(self.l1(x))
+        with poptorch.Block(ipu_id=1 if self.placed else None):
+            out = self.l2(h)
+        if y is None:
+            return out
+        return out, nn.functional.cross_entropy(out, y)
+
+
+def _data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+
+
+def _reference_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ga: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for xs, ys in zip(x.chunk(ga), y.chunk(ga), strict=True):
+        (model(xs, ys)[1] / ga).backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("annotate", ["block", "block_function"])
+def test_placed_blocks_without_strategy_are_pipelined(annotate: str) -> None:
+    torch.manual_seed(0)
+    if annotate == "block":
+        base: nn.Module = PlacedNet()
+    else:
+
+        class FunctionNet(PlacedNet):
+            @poptorch.BlockFunction("first", ipu_id=0)
+            def first(self, x: torch.Tensor) -> torch.Tensor:
+                return torch.relu(self.l1(x))
+
+            @poptorch.BlockFunction("second", ipu_id=1)
+            def second(self, h: torch.Tensor) -> torch.Tensor:
+                return self.l2(h)
+
+            def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> Any:
+                out = self.second(self.first(x))
+                return out if y is None else (out, nn.functional.cross_entropy(out, y))
+
+        base = FunctionNet()
+    ref, model = copy.deepcopy(base), copy.deepcopy(base)
+    x, y = _data()
+    _reference_step(ref, x, y, ga=4)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    training = poptorch.trainingModel(
+        model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # placed blocks: no warning
+        with record_schedule() as events:
+            training(x, y)
+    assert {(e.stage, e.kind) for e in events} == {(0, "F"), (0, "B"), (1, "F"), (1, "B")}
+    for p, q in zip(ref.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7)
+
+
+def test_placed_blocks_pipeline_inference_too() -> None:
+    model = PlacedNet().eval()
+    x, _ = _data()
+    inference = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))
+    with record_schedule() as events:
+        got = inference(x)
+    assert {e.stage for e in events} == {0, 1}
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))
+
+
+def test_unplaced_blocks_without_strategy_run_whole_and_warn_once() -> None:
+    torch.manual_seed(0)
+    base = PlacedNet(placed=False)
+    ref, model = copy.deepcopy(base), copy.deepcopy(base)
+    x, y = _data()
+    _reference_step(ref, x, y, ga=2)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    training = poptorch.trainingModel(
+        model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    with (
+        pytest.warns(UserWarning, match=r"ipu_id .*setExecutionStrategy") as caught,
+        record_schedule() as events,
+    ):
+        training(x, y)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert events == []  # not staged
+    for p, q in zip(ref.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        training(x, y)  # warned once, on the first call
+
+
+class ReturningNet(nn.Module):
+    """Blocks on ipu 0, 1, then 0 again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with poptorch.Block("A", ipu_id=0):
+            x = self.a(x)
+        with poptorch.Block("B", ipu_id=1):
+            x = self.b(x)
+        with poptorch.Block("C", ipu_id=0):
+            return self.c(x)
+
+
+def test_auto_increment_gives_each_block_its_stage() -> None:
+    model = ReturningNet().eval()
+    x = torch.randn(4, 4)
+    opts = poptorch.Options().deviceIterations(2)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    with record_schedule() as events:
+        got = poptorch.inferenceModel(model, opts)(x)
+    assert {e.stage for e in events} == {0, 1, 2}
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))
+    same_as_ipu = poptorch.Options().deviceIterations(2)
+    same_as_ipu.setExecutionStrategy(poptorch.PipelinedExecution())
+    with pytest.raises(PipelineError, match=r"AutoStage\.AutoIncrement"):
+        poptorch.inferenceModel(model, same_as_ipu)(x)
+
+
+def test_phased_execution_runs_as_the_sharded_schedule() -> None:
+    model = ReturningNet().eval()
+    x = torch.randn(4, 4)
+    strategy = poptorch.SerialPhasedExecution(
+        poptorch.Phase("A"), poptorch.Phase(poptorch.Stage("B")), ["C"]
+    )
+    strategy.phase(1).ipus(0)
+    assert strategy.setTensorsLiveness(poptorch.Liveness.OffChipAfterFwd) is strategy
+    opts = poptorch.Options().setExecutionStrategy(strategy)
+    with record_schedule() as events:
+        got = poptorch.inferenceModel(model, opts)(x)
+    assert [e.stage for e in events] == [0, 1, 2]
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))
+    assert poptorch.PhasedExecution is poptorch.SerialPhasedExecution
+    with pytest.raises(PipelineError, match="needs its phases"):
+        poptorch.ParallelPhasedExecution()
+
+
+def test_remove_blocks_unmarks_begin_block_modules() -> None:
+    net = nn.Sequential(poptorch.BeginBlock(nn.Linear(2, 2), "A", ipu_id=0), nn.ReLU())
+    from popdist_torch.pipeline import has_block_annotations
+
+    assert has_block_annotations(net)
+    assert poptorch.removeBlocks(net) is net
+    assert not has_block_annotations(net)
