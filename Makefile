@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORUN  := $(VENV)/bin/poprun
 
-.PHONY: setup demo test test-unit test-launch test-parallel lint bench gpu-check clean
+.PHONY: setup demo test test-unit test-launch test-parallel test-multihost lint bench gpu-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,10 @@ test-launch: setup
 
 test-parallel: setup
 	$(PY) -m pytest tests/parallel -q
+
+test-multihost: setup
+	@$(PY) -m tests.multihost.hosts check || true
+	$(PY) -m pytest tests/multihost -q -rs
 
 lint: setup
 	$(VENV)/bin/ruff check poprun popdist popdist_torch tests examples benchmarks

@@ -73,6 +73,12 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             "training-throughput",
         ),
         "pipeline": ([PY, str(here / "pipeline.py"), "--rounds", "5"], 120, "pipeline-benchmark"),
+        # Across two namespace hosts with sshd (needs root; elsewhere it says why and skips).
+        "multihost": (
+            [PY, str(here / "multihost.py"), "--rounds", "7", "--allreduce-rounds", "3"],
+            900,
+            "multihost-benchmark",
+        ),
         # The MLP's goals sit within this machine's launch-to-launch noise at 5 rounds:
         # only the cases they compare, with three times the rounds.
         "training_goals": (
@@ -152,6 +158,31 @@ def _goal(rows: list[Row], goal: str, measured: str, ratio: float | None, ok: bo
             "—" if ok is None else ("**yes**" if ok else "**no**"),
         ]
     )
+
+
+def multihost_goals(goals: list[Row]) -> None:
+    """Issue 16's goal rows (across two namespace hosts), from its benchmark's JSON."""
+    mh = _load("multihost-benchmark")
+    if mh:
+        launch, ratios = mh["launch"], mh["ratios"]
+
+        def lm(name: str) -> float:
+            return float(launch[name]["median"])
+
+        r = ratios["poprun_vs_mpirun"]
+        _goal(goals, "issue 16: 2 hosts, poprun + popdist.init() ≤ 1.1× bare mpirun, same hosts",
+              f"{lm('poprun'):.3f} s vs {lm('mpirun'):.3f} s (without the ssh check "
+              f"{ratios['poprun_no_check_vs_mpirun']:.2f}×)", r, r <= 1.1)  # fmt: skip
+        r = ratios["poprun_vs_torchrun"]
+        _goal(goals, "issue 16: 2 hosts, poprun + popdist.init() < torchrun --nnodes 2 (c10d)",
+              f"{lm('poprun'):.3f} s vs {lm('torchrun --nnodes 2'):.3f} s", r, r < 1.0)  # fmt: skip
+        for size, data in mh["allreduce"].items():
+            r, bw = float(data["ratio"]), data["algbw"]
+            _goal(goals, f"issue 16: 2 hosts, gradient path / raw MPI_Allreduce, {int(size) >> 20} MB ≥ 0.9",
+                  f"{bw['horovod']:.3f} vs {bw['mpi4py']:.3f} GB/s (ratio: median per round)",
+                  r, r >= 0.9)  # fmt: skip
+    else:
+        _goal(goals, "issue 16: multi-host goals", "not measured (needs root)", None, None)
 
 
 def headline() -> tuple[list[Row], list[Row]]:
@@ -294,6 +325,8 @@ def headline() -> tuple[list[Row], list[Row]]:
                                f"{b:.0f}", f"{a:.0f}", f"{a / b:.2f}"])  # fmt: skip
 
     _torch_backend_goals(goals)
+    multihost_goals(goals)
+
     pipe = _load("pipeline-benchmark")
     if pipe:
         r = float(pipe["ratio"])
@@ -343,6 +376,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Training throughput", "training-throughput", "training-throughput.png"),
     ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
+    ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
     ("The torch.distributed backend", "torch-backend", None),
 ]
 

@@ -107,6 +107,7 @@ def run(
     from poprun import config as cfg
     from poprun.devices import check_pool, device_pool
     from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
+    from poprun.hosts import is_local
     from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
     from poprun.topology import render
 
@@ -153,6 +154,11 @@ def run(
     if config.dry_run:
         sys.stdout.write(quote(argv) + "\n")
         return 0
+    remote = [host for host in topology.hosts if not is_local(host)]
+    if remote and config.ssh_check:
+        from poprun import reach
+
+        reach.check(remote, config.global_args(), environ)
     from poprun.supervisor import supervise
 
     return supervise(config, topology, argv, mpirun_environment(config, environ))

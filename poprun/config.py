@@ -58,6 +58,8 @@ class RunConfig:
     timeout: float | None = None
     allow_run_as_root: bool = False
     use_default_allocator: bool = False
+    #: Check that every remote host answers ssh before launching (``--ssh-check``).
+    ssh_check: bool = True
     verbose: int = 0
     vipu: tuple[tuple[str, str], ...] = ()
 

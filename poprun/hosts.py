@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import re
 import socket
 
@@ -107,8 +109,43 @@ def _refuse_duplicates(hosts: list[str], option: str, value: str | None = None) 
 
 
 def is_local(host: str) -> bool:
-    """Whether ``host`` names the machine poprun runs on."""
-    if host in {"localhost", "127.0.0.1", "::1"}:
+    """Whether ``host`` names the machine poprun runs on: its name or one of its addresses."""
+    if host == "localhost":
         return True
     name = socket.gethostname()
-    return host in {name, name.split(".", 1)[0]}
+    if host in {name, name.split(".", 1)[0]}:
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address in local_addresses()
+
+
+@functools.cache
+def local_addresses() -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """This machine's own IP addresses (its network namespace's), read from /proc, no lookups.
+
+    IPv4: the ``/32 host LOCAL`` entries of ``/proc/net/fib_trie``; IPv6: ``/proc/net/if_inet6``.
+    """
+    found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    try:
+        with open("/proc/net/fib_trie", encoding="ascii") as handle:
+            last = ""
+            for line in handle:
+                text = line.strip()
+                if text.startswith("|-- "):
+                    last = text[4:]
+                elif text.startswith("/32 host LOCAL") and last:
+                    found.add(ipaddress.IPv4Address(last))
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/net/if_inet6", encoding="ascii") as handle:
+            for line in handle:
+                fields = line.split()
+                if fields:
+                    found.add(ipaddress.IPv6Address(int(fields[0], 16)))
+    except (OSError, ValueError):
+        pass
+    return frozenset(found)

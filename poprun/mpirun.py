@@ -4,10 +4,10 @@ Shape::
 
     mpirun --tag-output --bind-to none [--allow-run-as-root] [--oversubscribe]
            [--mca pml ob1 --mca btl self,vader,tcp]      (one host, unless the user chose)
-           [--mca mpi_yield_when_idle 1]                 (one host, threads outnumber cores)
+           [--mca mpi_yield_when_idle 1]                 (threads outnumber a host's cores)
            [--mca btl_tcp_if_include S --mca oob_tcp_if_include S] <--mpi-global-args>
-           -x NAME ...                                   (forwarded by name, every instance)
-           -np 1 [-H host:k] -x POPDIST_...=v ... <local args> WRAPPER [numactl ...] program args
+           -np 1 [-H host:k] -x NAME ...                 (forwarded by name, in every context)
+                 -x POPDIST_...=v ... <local args> WRAPPER [numactl ...] program args
            : -np 1 ...                                   (one context per instance)
 
 ``WRAPPER`` is ``/bin/sh -c 'printf ... >&2; exec "$@"' poprun-instance``: it reports the
@@ -25,8 +25,9 @@ Each instance that starts Horovod has two busy threads: its compute thread and H
 background thread, which negotiates every millisecond and spins in MPI while it waits for
 its peers. When those threads outnumber the host's cores, spinning steals the cores the
 compute threads need, so poprun sets ``mpi_yield_when_idle``: a waiting MPI call yields
-its core. Measured on 2 cores with 2 instances when it was introduced: +20 % (MLP) to
-+25 % (CNN) training throughput (``benchmarks/training_throughput.py``).
+its core. With several hosts the count is per host, each host assumed to have as many
+cores as this one. Measured on 2 cores with 2 instances when it was introduced: +20 % (MLP)
+to +25 % (CNN) training throughput (``benchmarks/training_throughput.py``).
 """
 
 from __future__ import annotations
@@ -96,29 +97,33 @@ def build_argv(
         argv.append("--allow-run-as-root")
     if not topology.explicit_hosts and config.num_instances > local_cpus:
         argv.append("--oversubscribe")  # -H host:k contexts carry their own slot counts
-    if not topology.explicit_hosts:
-        chosen = user_mca | _mca_names(user_global)
-        for plan in topology.instances:
-            chosen |= _mca_names(config.local_args(plan.index))
-        wanted = list(SINGLE_HOST_MCA)
-        if 2 * config.num_instances > local_cpus:
-            wanted.append(YIELD_MCA)
-        for name, value in wanted:
-            if name not in chosen:
-                argv += ["--mca", name, value]
+    chosen = user_mca | _mca_names(user_global)
+    for plan in topology.instances:
+        chosen |= _mca_names(config.local_args(plan.index))
+    wanted = [] if topology.explicit_hosts else list(SINGLE_HOST_MCA)
+    # Remote hosts are assumed to have as many cores as this one (as for NUMA nodes).
+    per_host = max(plan.num_local_instances for plan in topology.instances)
+    if 2 * per_host > local_cpus:
+        wanted.append(YIELD_MCA)
+    for name, value in wanted:
+        if name not in chosen:
+            argv += ["--mca", name, value]
     if config.host_subnet:
         argv += ["--mca", "btl_tcp_if_include", config.host_subnet]
         argv += ["--mca", "oob_tcp_if_include", config.host_subnet]
     argv += user_global
-    names = sorted({*forwarded, *shared_values(config)})
-    for name in names:
-        argv += ["-x", name]
+    # Open MPI 4.1 applies a -x placed before the first app context to that context only:
+    # the names go into every context, or instances on other hosts miss them.
+    exported: list[str] = []
+    for name in sorted({*forwarded, *shared_values(config)}):
+        exported += ["-x", name]
     for plan in topology.instances:
         if plan.index:
             argv.append(":")
         argv += ["-np", "1"]
         if topology.explicit_hosts:
             argv += ["-H", f"{plan.host}:{plan.num_local_instances}"]
+        argv += exported
         for name, value in instance_values(config, plan, device_pool).items():
             argv += ["-x", f"{name}={value}"]
         argv += config.local_args(plan.index)

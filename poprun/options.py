@@ -341,6 +341,12 @@ OPTIONS: tuple[Option, ...] = (
         "use_default_allocator",
         "leave glibc malloc at its defaults (poprun keeps freed memory in each instance)",
     ),
+    _yes_no(
+        "ssh_check",
+        "before launching on other hosts, check each answers ssh [yes]",
+        in_file=False,
+        attribute="",
+    ),
     *(
         _vipu(key)
         for key in (

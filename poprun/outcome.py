@@ -53,6 +53,8 @@ class RunResult:
     exited_at_abort: tuple[int, ...] | None = None
     #: Whether poprun had to SIGKILL instances (or mpirun) after the grace period.
     escalated: bool = False
+    #: Instances on other hosts (poprun sees neither their pids nor their exits).
+    remote: tuple[int, ...] = ()
 
 
 def decide(result: RunResult) -> tuple[int, str]:
@@ -68,6 +70,15 @@ def decide(result: RunResult) -> tuple[int, str]:
         return _failed(result, failure)
     if result.returncode < 0:
         return 128 - result.returncode, ""
+    if result.returncode > 0 and result.mpirun_failure is None and result.remote:
+        # mpirun aborted without naming the process (it leaves the note out when an instance
+        # fails before all have started), and the instances here are not it.
+        where = ", ".join(f"{i} ({result.instances[i].host})" for i in result.remote)
+        return result.returncode, (
+            f"poprun: an instance on another host failed first with exit code "
+            f"{result.returncode}; mpirun did not say which (instances on other hosts: {where})\n"
+            f"poprun: ended every other instance of the job; exit code {result.returncode}"
+        )
     return result.returncode, ""
 
 
@@ -99,7 +110,8 @@ def root_cause(result: RunResult) -> Failure | None:
 
     An instance that raised (its error record, else its traceback) is the root cause even
     when another ended first: under Horovod an exception on one instance shuts the others
-    down, and those may exit before it. Otherwise mpirun's own note names the instance;
+    down, and those may exit before it. Of several that raised, one whose exception only
+    echoes a peer's failure (:func:`echoes_a_peer`) comes after the others. Otherwise mpirun's own note names the instance;
     when mpirun aborted without naming it, the last local instance to end before the abort
     did, and mpirun's status is its code.
     """
@@ -113,14 +125,37 @@ def root_cause(result: RunResult) -> Failure | None:
             failure = Failure(last, exit_code=code)
         else:  # mpirun itself was ended before it said: the status is not known
             failure = Failure(last, status_known=False)
-    raised = sorted((i.raised_at, i.index) for i in result.instances if i.raised_at is not None)
-    if raised and (failure is None or raised[0][1] != failure.instance):
-        first = raised[0][1]
+    raised = sorted(
+        (echoes_a_peer(i), i.raised_at, i.index)
+        for i in result.instances
+        if i.raised_at is not None
+    )
+    if raised and (failure is None or raised[0][2] != failure.instance):
+        first = raised[0][2]
         if failure is None:
             code = result.returncode or 0
             return Failure(first, exit_code=code if 0 < code <= 128 else 1)
         return Failure(first, failure.exit_code, failure.signal, failure.status_known)
     return failure
+
+
+#: What an instance raises when a *peer* failed and the collective backend shut down: such
+#: an exception is an echo, never the root cause while another instance raised too. (Across
+#: hosts the echo on the launch host often reaches poprun before the remote root cause.)
+PEER_FAILED = (
+    "Horovod has been shut down",  # Horovod, after an exception on another rank
+    "Connection closed by peer",  # gloo (torch.distributed), a peer exited
+    "Connection reset by peer",
+)
+
+
+def echoes_a_peer(instance: InstanceResult) -> bool:
+    """Whether the instance raised only because another one failed (see :data:`PEER_FAILED`)."""
+    if instance.error is not None:
+        text = instance.error.message
+    else:
+        text = "\n".join(instance.stderr_tail[-3:])
+    return any(phrase in text for phrase in PEER_FAILED)
 
 
 def _failed(result: RunResult, failure: Failure) -> tuple[int, str]:

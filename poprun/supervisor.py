@@ -35,6 +35,10 @@ from poprun.topology import Topology
 #: After the first failure, a signal or the time-out: how long mpirun gets to end the job
 #: itself before poprun SIGKILLs every instance it knows on this host...
 GRACE_S = 1.5
+#: ... or, when some instances run on other hosts, this long: mpirun needs about 2 s to end
+#: a multi-host job (its daemons there end their instances and report back over ssh), and
+#: poprun cannot kill remote instances itself.
+REMOTE_GRACE_S = 5.0
 #: ... and how long mpirun then gets, once its instances are killed, before it is killed too.
 MPIRUN_GRACE_S = 0.8
 #: Once mpirun has exited: how long its pipes may stay open (held by a stray grandchild).
@@ -96,6 +100,8 @@ class Supervisor:
         self._selector: selectors.BaseSelector | None = None
         self._pidfds: dict[int, int] = {}  # pidfd -> instance (local instances only)
         self._exited_at_abort: list[int] | None = None
+        remote = any(not is_local(plan.host) for plan in topology.instances)
+        self.grace_s = REMOTE_GRACE_S if remote else GRACE_S
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -145,6 +151,7 @@ class Supervisor:
             mpirun_failure=self.output.messages.failure,
             exited_at_abort=None if self._exited_at_abort is None else tuple(self._exited_at_abort),
             escalated=self._escalated,
+            remote=tuple(p.index for p in self.topology.instances if not is_local(p.host)),
         )
 
     def _record_signal(self, signum: int, frame: object) -> None:
@@ -163,9 +170,10 @@ class Supervisor:
         self._selector.register(pidfd, selectors.EVENT_READ)
 
     def _aborted(self) -> None:
-        """mpirun announced it is aborting the job: it gets :data:`GRACE_S` to finish."""
+        """mpirun announced it is aborting the job: it gets :data:`GRACE_S` to finish
+        (:data:`REMOTE_GRACE_S` with instances on other hosts)."""
         self._exited_at_abort = list(self.exited)
-        self._kill_at = time.monotonic() + GRACE_S
+        self._kill_at = time.monotonic() + self.grace_s
 
     def _loop(self, proc: subprocess.Popen[bytes], wake: socket.socket, started: float) -> int:
         assert proc.stdout is not None and proc.stderr is not None
@@ -255,7 +263,7 @@ class Supervisor:
             log.info(f"received {name}: forwarding it to mpirun (PID {proc.pid})")
             self._send(proc, signum)
             self._signal_local_instances(signal.SIGTERM)
-            self._kill_at = time.monotonic() + GRACE_S
+            self._kill_at = time.monotonic() + self.grace_s
         else:
             log.info(f"received {name} again: killing the job now")
             self._kill_everything(proc)
@@ -266,7 +274,7 @@ class Supervisor:
         log.info(f"--timeout={self.config.timeout:g} expired: ending the job")
         self._send(proc, signal.SIGTERM)
         self._signal_local_instances(signal.SIGTERM)
-        self._kill_at = time.monotonic() + GRACE_S
+        self._kill_at = time.monotonic() + self.grace_s
 
     def _escalate(self, proc: subprocess.Popen[bytes]) -> None:
         """Past the grace period: SIGKILL the local instances, and later mpirun too."""

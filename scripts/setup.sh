@@ -2,7 +2,8 @@
 # One-command, idempotent, non-interactive set-up of everything the project needs:
 #   Open MPI (Debian packages), .venv (Python 3.11) with torch 2.13.0 (CPU) and the
 #   project in editable mode with its extras, and Horovod 0.28.1 built from its sdist
-#   with the C++17 patch into a wheel cached outside the repository.
+#   with the C++17 patch into a wheel cached outside the repository; as root, openssh-server
+#   and iproute2 for the multi-host test tier.
 # A second run only checks: it takes seconds and rebuilds nothing.
 set -euo pipefail
 
@@ -38,6 +39,25 @@ ensure_mpi() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+}
+
+# --- 1b. sshd and ip, for the multi-host test tier (tests/multihost) --------------------
+# The tier makes hosts out of network namespaces, each with its own sshd. Without root it
+# cannot run at all, so nothing is installed and the tier says why it skips.
+ensure_multihost_tools() {
+    local missing=()
+    command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+    command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
+    command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+    [ "${#missing[@]}" = 0 ] && return
+    if [ "$(id -u)" != 0 ]; then
+        log "not root: the multi-host test tier will be skipped (it needs ${missing[*]} and root)"
+        return
+    fi
+    log "installing ${missing[*]} for the multi-host test tier"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
 # --- 2. Python environment ---------------------------------------------------------
@@ -149,6 +169,7 @@ ensure_horovod() {
 
 VERSIONS=""
 ensure_mpi
+ensure_multihost_tools
 ensure_venv
 ensure_horovod
 log "ready: $VERSIONS, $(mpirun --version | head -1)"

@@ -86,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _become_subreaper()
 
 
-TIERS = ("unit", "launch", "parallel")
+TIERS = ("unit", "launch", "parallel", "multihost")
 
 
 @pytest.hookimpl(hookwrapper=True)

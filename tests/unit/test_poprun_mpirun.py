@@ -81,9 +81,9 @@ def test_one_by_one() -> None:
     assert argv == [
         *HEAD,
         *SHM,
-        *FORWARD,
         "-np",
         "1",
+        *FORWARD,
         *_ctx(**_values(1, 1, 1, 0, 0, 1, "localhost")),
         *WRAPPER,
         "sh",
@@ -96,7 +96,11 @@ def test_one_by_one() -> None:
 def test_four_replicas_on_two_instances_as_root() -> None:
     argv = _argv(_config(num_replicas="4", num_instances="2"), is_root=True)
     contexts = [
-        ["-np", "1", *_ctx(**_values(4, 1, 2, i, i, 2, "localhost")), *WRAPPER, "/bin/true"]
+        [
+            *["-np", "1", *FORWARD],
+            *_ctx(**_values(4, 1, 2, i, i, 2, "localhost")),
+            *[*WRAPPER, "/bin/true"],
+        ]
         for i in range(2)
     ]
     assert argv == [
@@ -104,7 +108,6 @@ def test_four_replicas_on_two_instances_as_root() -> None:
         "--allow-run-as-root",
         *SHM,
         *YIELD,
-        *FORWARD,
         *contexts[0],
         ":",
         *contexts[1],
@@ -134,15 +137,43 @@ def test_eight_replicas_on_four_instances_over_two_host_ranges() -> None:
         mpi_global_args=["--mca btl_tcp_if_include 'eth0'"],
         process_placement="disabled",
     )
-    argv = _argv(config)
-    expected = [*HEAD, "--mca", "btl_tcp_if_include", "eth0", *FORWARD]
+    argv = _argv(config, local_cpus=4)
+    expected = [*HEAD, "--mca", "btl_tcp_if_include", "eth0"]
     for i in range(4):
         host = f"node{i // 2}"
         if i:
             expected.append(":")
-        expected += ["-np", "1", "-H", f"{host}:2", *_ctx(**_values(8, 2, 4, i, i % 2, 2, host))]
+        expected += ["-np", "1", "-H", f"{host}:2", *FORWARD]
+        expected += _ctx(**_values(8, 2, 4, i, i % 2, 2, host))
         expected += [*WRAPPER, "/bin/true"]
     assert argv == expected
+
+
+def test_every_context_forwards_the_environment_by_name() -> None:
+    # Open MPI 4.1 applies a -x before the first context to that context only.
+    config = _config(num_replicas="3", num_instances="3", host=["a,b,c"])
+    argv = _argv(config, forwarded=["HOME", "MY_VAR"], local_cpus=4)
+    contexts = " ".join(argv).split(" : ")
+    assert len(contexts) == 3
+    shared = "-x HOME -x MY_VAR -x POPDIST_BACKEND -x POPDIST_ERROR_RECORD -x PYTHONUNBUFFERED"
+    for context in contexts:
+        assert f"{shared} -x POPDIST_NUM_TOTAL_REPLICAS=" in context
+    assert argv.index("-x") > argv.index("-np")
+
+
+@pytest.mark.parametrize(
+    ("hosts", "instances", "cpus", "yields"),
+    [("a,b", 2, 2, False), ("a,b", 4, 2, True), ("a,b", 4, 4, False), ("a,b,c", 6, 2, True)],
+)
+def test_waiting_mpi_yields_when_a_host_is_oversubscribed(
+    hosts: str, instances: int, cpus: int, yields: bool
+) -> None:
+    config = _config(num_replicas=str(instances), num_instances=str(instances), host=[hosts])
+    argv = _argv(config, local_cpus=cpus)
+    assert ("mpi_yield_when_idle" in argv) is yields
+    assert "pml" not in argv  # several hosts: Open MPI picks the transports itself
+    user = _argv(config, local_cpus=cpus, user_mca=frozenset({"mpi_yield_when_idle"}))
+    assert "mpi_yield_when_idle" not in user
 
 
 def test_per_instance_local_args_keep_their_quoting() -> None:
@@ -213,7 +244,9 @@ def test_host_subnet_maps_to_interface_selection() -> None:
 
 def test_cache_path_goes_by_name() -> None:
     argv = _argv(_config(executable_cache_path="/tmp/with space"))
-    assert argv[10:22] == [
+    assert argv[10:24] == [
+        "-np",
+        "1",
         "-x",
         "HOME",
         "-x",

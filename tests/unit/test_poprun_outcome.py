@@ -124,6 +124,52 @@ def test_traceback_without_record_still_names_the_root_cause() -> None:
     assert "last 2 lines of instance 2's stderr" in report
 
 
+SHUT_DOWN = "Horovod has been shut down. This was caused by an exception on one of the ranks"
+
+
+@pytest.mark.parametrize("with_records", [True, False])
+def test_a_peers_echo_that_arrived_first_is_not_the_root_cause(with_records: bool) -> None:
+    # Across hosts: instance 0 (here) echoes the shutdown before instance 2's own exception
+    # (remote) reaches poprun, and mpirun saw instance 0 end first.
+    echo = ("Traceback (most recent call last):", f"HorovodInternalError: {SHUT_DOWN}")
+    cause = ("Traceback (most recent call last):", "RuntimeError: boom")
+    i0: dict[str, object] = {"raised_at": 1.0, "stderr_tail": echo}
+    i2: dict[str, object] = {"raised_at": 1.2, "stderr_tail": cause, "host": "node2"}
+    if with_records:
+        i0["error"] = _record(0, "horovod.common.exceptions.HorovodInternalError", SHUT_DOWN)
+        i2["error"] = _record(2)
+    result = RunResult(
+        _instances(i0=i0, i2=i2), returncode=1, mpirun_failure=Failure(0, exit_code=1)
+    )
+    code, report = decide(result)
+    assert code == 1
+    assert report.startswith("poprun: instance 2 failed first: exit code 1 (host node2, pid 102)")
+
+
+def test_an_echo_alone_is_still_reported() -> None:
+    echo = (f"HorovodInternalError: {SHUT_DOWN}",)
+    result = RunResult(
+        _instances(i1={"raised_at": 1.0, "stderr_tail": echo}),
+        returncode=1,
+        mpirun_failure=Failure(0, exit_code=1),
+    )
+    code, report = decide(result)
+    assert code == 1 and report.startswith("poprun: instance 1 failed first: exit code 1")
+
+
+def test_remote_failure_mpirun_did_not_name_still_gets_a_report() -> None:
+    instances = (*_instances(2), InstanceResult(2, "node1"), InstanceResult(3, "node1"))
+    code, report = decide(RunResult(instances, returncode=7, exited_at_abort=(), remote=(2, 3)))
+    assert code == 7
+    assert report.splitlines() == [
+        "poprun: an instance on another host failed first with exit code 7; mpirun did not "
+        "say which (instances on other hosts: 2 (node1), 3 (node1))",
+        "poprun: ended every other instance of the job; exit code 7",
+    ]
+    # One host: nothing to add to mpirun's own words.
+    assert decide(RunResult(_instances(2), returncode=7, exited_at_abort=())) == (7, "")
+
+
 def test_remote_instance_record_without_mpirun_note() -> None:
     # A remote instance: no local pid, and mpirun's wording gave nothing; the record says it all.
     record = ErrorRecord("ValueError", "bad shard", "ValueError: bad shard\n", 4242, "node1", 1)

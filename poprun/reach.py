@@ -1,0 +1,121 @@
+"""Before a multi-host launch: can every remote host be reached by ssh?
+
+Open MPI starts one daemon per remote host through its launch agent (``ssh`` unless
+``plm_rsh_agent`` says otherwise). When one host cannot be reached, mpirun says only "ORTE
+was unable to reliably start one or more daemons", without the host. poprun first runs
+``AGENT -o BatchMode=yes -o ConnectTimeout=T HOST true`` for every remote host at once (the
+same agent Open MPI will use, so the same keys and ssh configuration) and names the first
+host that fails, before anything is launched. ``--ssh-check=no`` skips it.
+
+Skipped by itself inside a Slurm allocation, where Open MPI starts its daemons through
+``srun``, not ssh (and when ``plm`` names a launcher other than ``rsh``). Under PBS the check
+runs: Open MPI uses ssh there unless it was built with PBS's TM interface (Debian's is not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+
+from poprun.errors import PoprunError
+
+#: ssh's own connection time-out, and how much longer the whole check may take.
+CONNECT_TIMEOUT_S = 5
+_SLACK_S = 3.0
+#: Variables that mean Open MPI launches through Slurm's srun, not ssh.
+SCHEDULER_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
+
+
+def _mca(args: Sequence[str], name: str, default: str) -> str:
+    """The last ``--mca NAME VALUE`` in ``args``, else ``default``."""
+    value = default
+    for i, arg in enumerate(args[:-2]):
+        if arg in ("--mca", "-mca", "--gmca", "-gmca") and args[i + 1] == name:
+            value = args[i + 2]
+    return value
+
+
+def agent(global_args: Sequence[str], environ: Mapping[str, str]) -> list[str] | None:
+    """Open MPI's launch agent as an argv prefix; None when it is not ssh-like.
+
+    ``--mca plm_rsh_agent X`` in the mpirun args wins over ``OMPI_MCA_plm_rsh_agent``;
+    the default is ``ssh``. Open MPI's ``A : B`` list means "A, else B": the first is taken.
+    """
+    value = _mca(global_args, "plm_rsh_agent", environ.get("OMPI_MCA_plm_rsh_agent", "ssh"))
+    words = shlex.split(value.split(":", 1)[0])
+    if not words or "ssh" not in os.path.basename(words[0]):
+        return None
+    return words
+
+
+def launched_by_scheduler(environ: Mapping[str, str], global_args: Sequence[str]) -> bool:
+    """Whether Open MPI will start its daemons some other way than ssh (Slurm, or its ``plm``)."""
+    plm = _mca(global_args, "plm", environ.get("OMPI_MCA_plm", ""))
+    if plm:
+        return plm not in ("rsh", "ssh")
+    return any(name in environ for name in SCHEDULER_VARIABLES)
+
+
+def unreachable(
+    hosts: Sequence[str], command: Sequence[str], timeout: float = CONNECT_TIMEOUT_S
+) -> list[tuple[str, str]]:
+    """``(host, why)`` for each host where ``COMMAND -o ... HOST true`` fails, in host order.
+
+    All hosts are tried at once; a try still running after ``timeout`` plus a little is
+    killed (its own process group) and counted as failed.
+    """
+    base = [*command, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout:g}"]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    failed: dict[str, str] = {}
+    for host in hosts:
+        try:
+            procs[host] = subprocess.Popen(
+                [*base, host, "true"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as error:
+            failed[host] = f"cannot run {command[0]}: {error.strerror}"
+    deadline = time.monotonic() + timeout + _SLACK_S
+    for host, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own group: ours alone
+            proc.communicate()
+            failed[host] = f"no answer within {timeout + _SLACK_S:g} s"
+            continue
+        if proc.returncode != 0:
+            lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+            failed[host] = lines[-1].strip() if lines else f"exit code {proc.returncode}"
+    return [(host, failed[host]) for host in hosts if host in failed]
+
+
+def check(hosts: Sequence[str], global_args: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Raise a :class:`PoprunError` naming the first remote host ssh cannot reach."""
+    if not hosts or launched_by_scheduler(environ, global_args):
+        return
+    command = agent(global_args, environ)
+    if command is None:
+        return
+    bad = unreachable(hosts, command)
+    if not bad:
+        return
+    host, why = bad[0]
+    others = f" (also unreachable: {', '.join(h for h, _ in bad[1:])})" if bad[1:] else ""
+    shown = " ".join(shlex.quote(a) for a in [*command, "-o", "BatchMode=yes", host, "true"])
+    raise PoprunError(
+        "--host",
+        host,
+        f"cannot be reached by ssh: `{shown}` failed: {why}{others}",
+        "check the host name, that sshd runs there and that key login works without a "
+        "password; or pass --ssh-check=no to let mpirun try anyway",
+    )

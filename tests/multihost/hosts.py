@@ -1,0 +1,416 @@
+"""Hosts made of Linux network namespaces, with sshd, for multi-host runs on one machine.
+
+Each host ``hK`` is a network namespace with ``lo`` and ``eth0`` (address ``10.77.0.1K/24``,
+no default route), its own hostname and ``/etc/hosts`` (a UTS and a mount namespace held by
+its sshd), and an sshd that accepts root by key only. The hosts' ``eth0`` ends meet on a
+bridge in one more namespace, the switch: the bridge is never in this machine's own
+namespace, so nothing reaches the machine's network and nothing leaves it.
+
+The client side is one executable, ``ssh-wrapper`` (``ssh -F <generated config>``, a
+generated ``known_hosts``, ``BatchMode``), which Open MPI uses as its agent through
+``OMPI_MCA_plm_rsh_agent``. Jobs are launched from *inside* a host (``Hosts.on``): the root
+namespace has no route to the hosts, and a name lookup there would leave the machine.
+
+Pure stdlib plus ``ip``, ``unshare``, ``nsenter``, ``ssh``, ``ssh-keygen`` and ``sshd``. Needs
+root. ``python -m tests.multihost.hosts check`` says whether this machine can run them;
+``python -m tests.multihost.hosts up 2`` brings two hosts up until Ctrl-C.
+
+Facts behind this recipe: ``docs/multihost.md`` ("Testing without a cluster").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+SUBNET = "10.77.0"
+#: Namespace names: ``pdh<pid of the creating process>_<set>-<host>``; a set whose creator
+#: is dead is stale (its creator was killed) and the next set made removes it.
+PREFIX = "pdh"
+_made = 0
+#: A host name every host resolves (to an unused address) but whose sshd refuses: the
+#: unreachable host. ssh reaches it on port 9 of h1, where nothing listens.
+DOWN = "hdown"
+TOOLS = ("ip", "unshare", "nsenter", "ssh", "ssh-keygen", "sshd")
+_READY_S = 10.0
+
+
+def _sshd_path() -> str | None:
+    return shutil.which("sshd") or shutil.which("sshd", path="/usr/sbin:/sbin")
+
+
+def unavailable() -> str | None:
+    """Why namespace hosts cannot be made here, or None when they can."""
+    if sys.platform != "linux":
+        return "namespace hosts need Linux"
+    if os.geteuid() != 0:
+        return "namespace hosts need root (network, UTS and mount namespaces)"
+    for tool in TOOLS:
+        found = _sshd_path() if tool == "sshd" else shutil.which(tool)
+        if found is None:
+            package = {
+                "ip": "iproute2",
+                "sshd": "openssh-server",
+                "ssh": "openssh-client",
+                "ssh-keygen": "openssh-client",
+            }.get(tool, "util-linux")
+            return f"{tool} is not installed (make setup installs {package})"
+    probe = f"{PREFIX}{os.getpid()}_0-probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip() or 'ip netns add failed'}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _run(*argv: str) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _alive(pid: int) -> bool:
+    """Alive and not a zombie (this container's init reaps orphans late)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def netns_pids(namespace: str) -> list[int]:
+    """Live processes in ``namespace`` (``ip netns pids``), zombies left out."""
+    done = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    return [int(p) for p in done.stdout.split() if p.isdigit() and _alive(int(p))]
+
+
+def _kill_namespace(namespace: str) -> None:
+    """SIGKILL every process in ``namespace`` (by pid), wait until they are gone, delete it."""
+    for _ in range(50):
+        pids = netns_pids(namespace)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _reap_children()
+        time.sleep(0.02)
+    subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+
+
+def _reap_children() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def remove_stale() -> list[str]:
+    """Delete namespace sets whose creating process is gone; return their names."""
+    try:
+        names = [line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line]
+    except RuntimeError:
+        return []
+    stale = []
+    for name in names:
+        match = re.fullmatch(rf"{PREFIX}(\d+)_\d+-\w+", name)
+        if match and not _alive(int(match.group(1))):
+            _kill_namespace(name)
+            stale.append(name)
+    return stale
+
+
+class Hosts:
+    """``count`` namespace hosts ``h1`` … ``hN``; use as a context manager, or :meth:`close`."""
+
+    def __init__(self, count: int) -> None:
+        if not 1 <= count <= 9:
+            raise ValueError(f"count={count}: between 1 and 9 hosts")
+        reason = unavailable()
+        if reason is not None:
+            raise RuntimeError(reason)
+        remove_stale()
+        self.names = [f"h{k}" for k in range(1, count + 1)]
+        self.addresses = {name: f"{SUBNET}.{10 + k}" for k, name in enumerate(self.names, 1)}
+        self.state = Path(tempfile.mkdtemp(prefix="popdist-hosts-"))
+        global _made
+        _made += 1
+        self._tag = f"{PREFIX}{os.getpid()}_{_made}"
+        self._switch = f"{self._tag}-sw"
+        self._sshd: dict[str, subprocess.Popen[bytes]] = {}
+        self._namespaces: list[str] = []
+        try:
+            self._make_network()
+            self._write_ssh_files()
+            self._start_sshds()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- set-up -------------------------------------------------------------------------------
+
+    def namespace(self, host: str) -> str:
+        """The network namespace of ``host``."""
+        return f"{self._tag}-{host}"
+
+    def _make_network(self) -> None:
+        _run("ip", "netns", "add", self._switch)
+        self._namespaces.append(self._switch)
+        _run("ip", "-n", self._switch, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", self._switch, "link", "set", "br0", "up")
+        for host in self.names:
+            ns = self.namespace(host)
+            _run("ip", "netns", "add", ns)
+            self._namespaces.append(ns)
+            port = f"p{host}"
+            _run("ip", "-n", self._switch, "link", "add", port, "type", "veth",
+                 "peer", "name", "eth0", "netns", ns)  # fmt: skip
+            _run("ip", "-n", self._switch, "link", "set", port, "master", "br0", "up")
+            _run("ip", "-n", ns, "addr", "add", f"{self.addresses[host]}/24", "dev", "eth0")
+            _run("ip", "-n", ns, "link", "set", "eth0", "up")
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+
+    def _write_ssh_files(self) -> None:
+        s = self.state
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(s / "host_key"))
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(s / "client_key"))
+        host_key = (s / "host_key.pub").read_text().split()
+        (s / "authorized_keys").write_text((s / "client_key.pub").read_text())
+        (s / "known_hosts").write_text(
+            "".join(f"{h},{a} {host_key[0]} {host_key[1]}\n" for h, a in self.addresses.items())
+        )
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+        lines += [f"{a} {h}" for h, a in self.addresses.items()]
+        lines.append(f"{SUBNET}.99 {DOWN}")
+        (s / "hosts").write_text("\n".join(lines) + "\n")
+        (s / "resolv.conf").write_text("# namespace hosts: names come from /etc/hosts only\n")
+        config = []
+        for host, address in self.addresses.items():
+            config += [f"Host {host} {address}", f"    HostName {address}"]
+        config += [f"Host {DOWN}", f"    HostName {self.addresses[self.names[0]]}", "    Port 9"]
+        config += [
+            "Host *",
+            "    User root",
+            f"    IdentityFile {s / 'client_key'}",
+            "    IdentitiesOnly yes",
+            "    BatchMode yes",
+            f"    UserKnownHostsFile {s / 'known_hosts'}",
+            "    GlobalKnownHostsFile /dev/null",
+            "    StrictHostKeyChecking yes",
+            "    ConnectTimeout 5",
+            "    LogLevel ERROR",
+        ]
+        (s / "ssh_config").write_text("\n".join(config) + "\n")
+        wrapper = s / "ssh-wrapper"
+        config_path = shlex.quote(str(s / "ssh_config"))
+        wrapper.write_text(f'#!/bin/sh\nexec ssh -F {config_path} "$@"\n')
+        wrapper.chmod(0o755)
+
+    def _start_sshds(self) -> None:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+        sshd = _sshd_path()
+        assert sshd is not None
+        for host in self.names:
+            d = self.state / host
+            d.mkdir()
+            (d / "sshd_config").write_text(
+                "\n".join(
+                    [
+                        f"ListenAddress {self.addresses[host]}",
+                        f"HostKey {self.state / 'host_key'}",
+                        f"PidFile {d / 'sshd.pid'}",
+                        f"AuthorizedKeysFile {self.state / 'authorized_keys'}",
+                        "PermitRootLogin prohibit-password",
+                        "PasswordAuthentication no",
+                        "KbdInteractiveAuthentication no",
+                        "UsePAM no",
+                        "StrictModes no",
+                        "UseDNS no",
+                        "PrintMotd no",
+                        "PrintLastLog no",
+                        "MaxStartups 200",
+                        "MaxSessions 100",
+                        "LogLevel ERROR",
+                    ]
+                )
+                + "\n"
+            )
+            _run(sshd, "-t", "-f", str(d / "sshd_config"))
+            q = {k: shlex.quote(str(v)) for k, v in (
+                ("hosts", self.state / "hosts"), ("resolv", self.state / "resolv.conf"),
+                ("sshd", sshd), ("config", d / "sshd_config"), ("log", d / "sshd.log"),
+            )}  # fmt: skip
+            script = (
+                f"hostname {host} && mount --bind {q['hosts']} /etc/hosts && "
+                f"mount --bind {q['resolv']} /etc/resolv.conf && "
+                f"exec {q['sshd']} -D -f {q['config']} -E {q['log']}"
+            )
+            with open(d / "start.log", "wb") as log:
+                self._sshd[host] = subprocess.Popen(
+                    ["ip", "netns", "exec", self.namespace(host),
+                     "unshare", "--uts", "--mount", "/bin/sh", "-c", script],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    start_new_session=True,
+                )  # fmt: skip
+        deadline = time.monotonic() + _READY_S
+        for host, proc in self._sshd.items():
+            pidfile = self.state / host / "sshd.pid"
+            while not pidfile.exists():  # sshd writes it once it listens
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log = (self.state / host / "start.log").read_text(errors="replace")
+                    raise RuntimeError(f"sshd on {host} did not start: {log.strip()}")
+                time.sleep(0.01)
+        with ThreadPoolExecutor(len(self.names)) as pool:
+            checks = list(pool.map(self._check, self.names))
+        failed = [text for text in checks if text]
+        if failed:
+            raise RuntimeError("; ".join(failed))
+
+    def _check(self, host: str) -> str:
+        done = subprocess.run(
+            self.on(self.names[0], [str(self.ssh_wrapper), host, "hostname"]),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if done.returncode != 0 or done.stdout.strip() != host:
+            return f"ssh {host} hostname: {done.returncode} {done.stdout!r} {done.stderr.strip()}"
+        return ""
+
+    # --- use ----------------------------------------------------------------------------------
+
+    @property
+    def ssh_wrapper(self) -> Path:
+        """The one-word ssh command for these hosts (Open MPI's ``plm_rsh_agent``)."""
+        return self.state / "ssh-wrapper"
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` plus what mpirun and poprun need to reach these hosts."""
+        return {**base, "OMPI_MCA_plm_rsh_agent": str(self.ssh_wrapper)}
+
+    def sshd_pid(self, host: str) -> int:
+        """The pid of ``host``'s sshd, which holds its namespaces."""
+        return self._sshd[host].pid
+
+    def on(self, host: str, argv: Sequence[str], cwd: str | None = None) -> list[str]:
+        """``argv`` run inside ``host`` (its network, hostname and /etc/hosts), same cwd and env."""
+        return [
+            "nsenter",
+            "-t",
+            str(self.sshd_pid(host)),
+            "-n",
+            "-u",
+            "-m",
+            f"--wd={cwd or os.getcwd()}",
+            "--",
+            *argv,
+        ]
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Processes still running in each host's namespace, besides its sshd listener."""
+        out: dict[str, list[str]] = {}
+        for host in self.names:
+            pids = [p for p in netns_pids(self.namespace(host)) if p != self.sshd_pid(host)]
+            described = []
+            for pid in pids:
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                except OSError:
+                    continue
+                described.append(f"{pid}: {cmd.decode(errors='replace').strip()}")
+            if described:
+                out[host] = described
+        return out
+
+    def wait_clean(self, within: float = 10.0) -> dict[str, list[str]]:
+        """Wait up to ``within`` s for every host to hold only its sshd; return what is left."""
+        deadline = time.monotonic() + within
+        while True:
+            _reap_children()
+            left = self.leftovers()
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.05)
+
+    def close_jobs(self) -> None:
+        """SIGKILL, by pid, every process in the hosts except their sshd listeners."""
+        for host in self.names:
+            for pid in netns_pids(self.namespace(host)):
+                if pid != self.sshd_pid(host):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        _reap_children()
+
+    # --- teardown -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill every process in the hosts (by pid), delete the namespaces and the state dir."""
+        for ns in reversed(self._namespaces):
+            _kill_namespace(ns)
+        for proc in self._sshd.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        self._namespaces.clear()
+        shutil.rmtree(self.state, ignore_errors=True)
+
+    def __enter__(self) -> Hosts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def hosts(count: int) -> Iterator[Hosts]:
+    """``count`` namespace hosts for the duration of the block."""
+    made = Hosts(count)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def main(argv: list[str]) -> int:
+    """``check``: can this machine run the multi-host tier? ``up N``: hosts until Ctrl-C."""
+    if argv[:1] == ["check"]:
+        reason = unavailable()
+        if reason is None:
+            print("multi-host tier: runs (namespace hosts with sshd can be made here)")
+            return 0
+        print(f"multi-host tier: skipped: {reason}")
+        return 1
+    if argv[:1] == ["up"] and len(argv) == 2 and argv[1].isdigit():
+        started = time.monotonic()
+        with hosts(int(argv[1])) as made:
+            print(f"{len(made.names)} hosts up in {time.monotonic() - started:.2f} s: ", end="")
+            print(", ".join(f"{h} {a}" for h, a in made.addresses.items()))
+            print(f"enter one:  {' '.join(made.on(made.names[0], ['bash']))}")
+            print(f"then:       export OMPI_MCA_plm_rsh_agent={made.ssh_wrapper}")
+            print("Ctrl-C tears them down.", flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.pause()
+        return 0
+    print("usage: python -m tests.multihost.hosts check | up N", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
