@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORUN  := $(VENV)/bin/poprun
 
-.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-multihost lint bench clean
+.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-multihost lint bench gpu-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -37,6 +37,10 @@ lint: setup
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+# The GPU path (NCCL, local replicas on the GPU) and its figures; needs a CUDA GPU.
+gpu-check: setup
+	$(PY) scripts/gpu_check.py
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info

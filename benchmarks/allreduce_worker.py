@@ -3,7 +3,8 @@
 Each rank times ``reps`` in-place float32 sum-allreduces per size after a warm-up; rank 0
 prints one JSON line per size with the slowest rank's median time (a collective ends when its
 last rank does). Backends: ``horovod`` (the executor's gradient path: ``popdist_torch.collectives``
-``GradientReducer`` over one parameter of the given size), ``mpi4py`` (raw ``MPI.Allreduce`` on
+``GradientReducer`` over one parameter of the given size), ``torch`` (the same path on the
+torch.distributed backend; launched with ``poprun --backend torch``), ``mpi4py`` (raw ``MPI.Allreduce`` on
 a buffer from torch's allocator, the memory gradients live in), ``mpi4py-numpy`` (the same on a
 numpy array: numpy advises the kernel to back large arrays with 2 MB pages, torch does not
 unless ``THP_MEM_ALLOC_ENABLE=1``), ``gloo`` (``torch.distributed``), and ``memory`` (numpy
@@ -39,7 +40,9 @@ def _time(fn: Callable[[], None], reps: int, barrier: Callable[[], None]) -> flo
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "--backend", required=True, choices=["horovod", "mpi4py", "mpi4py-numpy", "gloo", "memory"]
+        "--backend",
+        required=True,
+        choices=["horovod", "torch", "mpi4py", "mpi4py-numpy", "gloo", "memory"],
     )
     parser.add_argument("--sizes", required=True, help="comma-separated sizes in bytes")
     args = parser.parse_args()
@@ -71,12 +74,14 @@ def main() -> None:
             c = np.empty_like(a)
             return (lambda: np.add(a, b, out=c)) if rank == 0 else (lambda: None)
 
-    elif args.backend == "horovod":
+    elif args.backend in ("horovod", "torch"):
         import torch
 
         from popdist_torch import collectives
 
         backend = collectives.connect(size, rank)  # what trainingModel does: popdist.init()
+        if backend.name != args.backend:
+            raise SystemExit(f"asked for {args.backend} but poprun started {backend.name}")
 
         def run(n: int) -> Callable[[], None]:
             # One parameter of n bytes, its gradient reduced by the executor's reducer:

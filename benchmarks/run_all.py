@@ -98,6 +98,9 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             1500,
             "training-throughput-goals",
         ),
+        "torch_backend": (
+            [PY, str(here / "torch_backend.py"), "--rounds", "5"], 900, "torch-backend",
+        ),
     }  # fmt: skip
 
 
@@ -332,6 +335,7 @@ def headline() -> tuple[list[Row], list[Row]]:
                 tuning.append([f"training {model.upper()}, popdist_torch 2 instances (samples/s)",
                                f"{b:.0f}", f"{a:.0f}", f"{a / b:.2f}"])  # fmt: skip
 
+    _torch_backend_goals(goals)
     multihost_goals(goals)
 
     pipe = _load("pipeline-benchmark")
@@ -362,6 +366,29 @@ def headline() -> tuple[list[Row], list[Row]]:
     return goals, tuning
 
 
+def _torch_backend_goals(goals: list[Row]) -> None:
+    """Issue 19's CPU goals from docs/torch-backend.json (the GPU ones: ``make gpu-check``)."""
+    tb = _load("torch-backend")
+    if not tb:
+        _goal(goals, "issue 19: torch backend", "not measured in this run", None, None)
+        return
+    for size, got in tb["allreduce"].items():
+        mb = int(size) >> 20
+        for key, anchor in (
+            ("torch_vs_horovod", "Horovod's"),
+            ("torch_vs_mpi", "raw MPI_Allreduce"),
+        ):
+            r = got[key]
+            _goal(goals, f"issue 19: torch backend gradient path / {anchor}, {mb} MB ≥ 0.9",
+                  f"{r:.2f}× (median per round)", r, r >= 0.9)  # fmt: skip
+    if "training" in tb:
+        r = tb["training"]["ratios"]["torch_vs_ddp"]
+        _goal(goals, "issue 19: MLP training, --backend torch ≥ 1.0× torchrun + DDP",
+              f"{r:.2f}× (median per round)", r, r >= 1.0)  # fmt: skip
+    _goal(goals, "issue 19: GPU, 1 instance × N local replicas ≥ 0.9× plain torch on the N× batch",
+          "not measured here: `make gpu-check` on a machine with a GPU", None, None)  # fmt: skip
+
+
 def _body(stem: str) -> str:
     """A benchmark's own Markdown without its title; headings pushed down two levels."""
     path = DOCS / f"{stem}.md"
@@ -384,6 +411,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Lightning: IPUStrategy against DDP and a raw loop", "lightning-benchmark", None),
     ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
+    ("The torch.distributed backend", "torch-backend", None),
 ]
 
 

@@ -222,11 +222,19 @@ CASES: dict[str, tuple[str, int, str, str, int]] = {
     "hvd-2": ("horovodrun + DistributedOptimizer, 2 x 64", 2, "horovodrun", "horovod", MICRO),
     "plain-128-poprun": ("plain torch, batch 128, launched by poprun (1 x 1)", 1, "poprun", "plain", 2 * MICRO),
 }  # fmt: skip
+#: The torch backend's case: it runs when asked for (--cases, benchmarks/torch_backend.py).
+TORCH_CASE = "popdist-2x1-torch"
+CASES[TORCH_CASE] = (
+    "popdist_torch --backend torch, poprun 2 instances x 1 replica x 64", 2, "poprun-torch",
+    "executor", MICRO,
+)  # fmt: skip
 #: Anchors measured again with poprun's allocator settings (case key + SAME_ALLOCATOR).
 SAME_ALLOCATOR = "-alloc"
 for _key in ("ddp-2", "hvd-2"):
     _label, *_rest = CASES[_key]
     CASES[_key + SAME_ALLOCATOR] = (f"{_label}, poprun's malloc settings", *_rest)  # type: ignore[assignment]
+#: What a run without --cases measures.
+DEFAULT_CASES = [key for key in CASES if key != TORCH_CASE]
 
 
 def _argv(case: str, model: str, timing: list[str]) -> list[str]:
@@ -237,9 +245,11 @@ def _argv(case: str, model: str, timing: list[str]) -> list[str]:
     tail = [me, "--worker", kind, "--model", model, "--batch", str(micro), *timing]
     if launcher == "python":
         return [py, *tail]
-    if launcher in ("poprun", "poprun4"):
+    if launcher in ("poprun", "poprun4", "poprun-torch"):
         replicas = LOCAL_REPLICAS if launcher == "poprun4" else n
         poprun = [which("poprun"), "--num-instances", str(n), "--num-replicas", str(replicas)]
+        if launcher == "poprun-torch":
+            poprun += ["--backend", "torch"]
         return [*poprun, py, *tail]
     if launcher == "torchrun":
         return [which("torchrun"), "--standalone", "--nproc-per-node", str(n), *tail]
@@ -253,6 +263,8 @@ RATIOS: dict[str, tuple[str, str, float]] = {
     "popdist_1x1_vs_plain_64": ("popdist-1x1", "plain-64", 1.0),
     "popdist_2x1_vs_ddp_2_same_allocator": ("popdist-2x1", "ddp-2-alloc", 1.0),
     "popdist_2x1_vs_ddp_2": ("popdist-2x1", "ddp-2", 1.0),
+    "popdist_2x1_torch_vs_ddp_2": ("popdist-2x1-torch", "ddp-2", 1.0),
+    "popdist_2x1_torch_vs_horovod": ("popdist-2x1-torch", "popdist-2x1", 1.0),
     "popdist_2x1_vs_hvd_2_same_allocator": ("popdist-2x1", "hvd-2-alloc", 1.0),
     "popdist_2x1_vs_hvd_2": ("popdist-2x1", "hvd-2", 1.0),
     "scaling_popdist": ("popdist-2x1", "popdist-1x1", 2.0),
@@ -283,6 +295,8 @@ RATIO_LABELS = {
     "popdist_2x1_vs_ddp_2_same_allocator": (
         "popdist_torch 2x1 / torchrun + DDP 2, same malloc settings", ""),
     "popdist_2x1_vs_ddp_2": ("popdist_torch 2x1 / torchrun + DDP 2, as run", ">= 1.0"),
+    "popdist_2x1_torch_vs_ddp_2": ("popdist_torch 2x1 --backend torch / torchrun + DDP 2", ">= 1.0"),
+    "popdist_2x1_torch_vs_horovod": ("popdist_torch 2x1, --backend torch / --backend horovod", ""),
     "popdist_2x1_vs_hvd_2_same_allocator": (
         "popdist_torch 2x1 / Horovod DistributedOptimizer 2, same malloc settings", ""),
     "popdist_2x1_vs_hvd_2": ("popdist_torch 2x1 / Horovod DistributedOptimizer 2, as run", ">= 1.0"),
@@ -301,7 +315,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=MICRO, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", default="mlp,cnn")
-    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case keys")
+    parser.add_argument(
+        "--cases", default=",".join(DEFAULT_CASES), help="comma-separated case keys"
+    )
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--batches", type=int, default=10)
@@ -377,14 +393,16 @@ def main() -> None:
         sections.append(text)
     suffix = f"-{args.label}" if args.label else ""
     (DOCS / f"training-throughput{suffix}.json").write_text(json.dumps(out, indent=1))
-    if set(CASES) <= set(keys):
+    if set(DEFAULT_CASES) <= set(keys):
         _plot(out, DOCS / f"training-throughput{suffix}.png")
     body = "\n\n".join(
         [
             __doc__.split("\n\n", 2)[2].strip(),
             f"{args.rounds} rounds; per launch {' '.join(timing)}.",
             *sections,
-            "![training throughput](training-throughput.png)" if set(CASES) <= set(keys) else "",
+            "![training throughput](training-throughput.png)"
+            if set(DEFAULT_CASES) <= set(keys)
+            else "",
         ]
     )
     path = write_doc(f"training-throughput{suffix}.md", "Training throughput", body)

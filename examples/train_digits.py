@@ -1,6 +1,7 @@
 """Train a small classifier on scikit-learn's digits, data-parallel over poprun instances.
 
     poprun --num-instances 2 --num-replicas 4 python examples/train_digits.py
+    poprun --num-instances 2 --num-replicas 4 --backend torch python examples/train_digits.py
     python examples/train_digits.py            # one process, one replica
 
 Each instance trains its local replicas on its shard of every global batch (the
@@ -105,11 +106,11 @@ def main() -> int:
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     identical = True
     if size > 1:
-        import horovod.torch as hvd
-
-        counts = hvd.allreduce(torch.tensor([correct, total]), op=hvd.Sum, name="accuracy")
+        # The run's collectives, whichever backend poprun --backend chose (Horovod or torch).
+        collectives = popdist.backend.collectives()
+        counts = collectives.allreduce_(torch.tensor([correct, total]), name="accuracy")
         correct, total = (int(c) for c in counts)
-        every = hvd.allgather(weights.unsqueeze(0), name="weights")
+        every = collectives.allgather(weights.unsqueeze(0), name="weights")
         identical = bool((every == every[0]).all())
     if rank == 0:
         print(

@@ -471,6 +471,25 @@ def detect(environ: Mapping[str, str] | None = None) -> type[RunEnvironment]:
     return next(source for source in DETECTORS if source.detect(environ))
 
 
+def read_backend(environ: Mapping[str, str] | None = None, requested: str | None = None) -> str:
+    """The collective backend: ``requested`` if given, else ``POPDIST_BACKEND``, else Horovod.
+
+    Raises :class:`PopdistError` for a name that is not one of :data:`BACKENDS`.
+    """
+    environ = os.environ if environ is None else environ
+    if requested is not None:
+        source, raw = "popdist.init(backend=...)", requested
+    else:
+        source, raw = BACKEND, environ.get(BACKEND, "")
+    name = raw.strip().lower() or BACKENDS[0]
+    if name not in BACKENDS:
+        raise PopdistError(
+            f"{source}={raw!r} is not a collective backend: expected one of "
+            f"{', '.join(BACKENDS)} (poprun --backend sets it)"
+        )
+    return name
+
+
 def read_run(environ: Mapping[str, str] | None = None) -> RunView:
     """Read this process's :class:`RunView` from ``environ`` (default: ``os.environ``).
 
@@ -488,6 +507,10 @@ def read_run(environ: Mapping[str, str] | None = None) -> RunView:
 POPTORCH_CACHE_DIR = "POPTORCH_CACHE_DIR"
 #: The user's choice of intra-op threads (torch reads it at start-up).
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
+#: Seconds the torch backend waits for the other instances (start-up and each collective).
+TORCH_TIMEOUT = "POPDIST_TORCH_TIMEOUT"
+#: ... when ``POPDIST_TORCH_TIMEOUT`` is unset (torch's own default is 30 minutes).
+DEFAULT_TORCH_TIMEOUT_S = 600.0
 
 
 def read_process(
@@ -530,3 +553,21 @@ def read_compute_threads(environ: Mapping[str, str] | None = None) -> int | None
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     )
     return max(1, cores // local)
+
+
+def read_torch_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """``POPDIST_TORCH_TIMEOUT`` in seconds (set by the user), else the default (600)."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(TORCH_TIMEOUT, "")
+    if not raw.strip():
+        return DEFAULT_TORCH_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise PopdistError(
+            f"{TORCH_TIMEOUT}={raw!r} must be a positive number of seconds; unset it for the "
+            f"default ({DEFAULT_TORCH_TIMEOUT_S:g})"
+        )
+    return value

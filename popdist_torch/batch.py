@@ -23,10 +23,17 @@ __all__ = ["Batch", "check_scalar", "detach", "loss_of", "stack"]
 class Batch:
     """A call's inputs split into micro-batches: leaves shaped ``[DI, GA, R, b, ...]``.
 
-    ``iterations``, ``accumulation`` and ``replicas`` are DI, GA and R.
+    ``iterations``, ``accumulation`` and ``replicas`` are DI, GA and R. With ``device``,
+    the batched inputs are moved there (the instance's GPU).
     """
 
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], opts: Options) -> None:
+    def __init__(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        opts: Options,
+        device: torch.device | None = None,
+    ) -> None:
         di, ga, r = (
             opts.device_iterations,
             opts.Training.gradient_accumulation,
@@ -56,6 +63,8 @@ class Batch:
                     f"executed on the device in any given iteration. For a full explanation see "
                     f"the batching semantics page of the documentation."
                 )
+            if device is not None and leaf.device != device:
+                leaf = leaf.to(device, non_blocking=True)
             self.batched_index.append(i)
             self.batched.append(leaf.reshape(di, ga, r, n // factor, *leaf.shape[1:]))
         if not self.batched:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from popdist_torch.errors import ExecutorError, ExecutorStateError
 from popdist_torch.executor_surface import PopTorchSurface
 from popdist_torch.options import Options
 from popdist_torch.outputs import OutputCollector
+from popdist_torch.placement import CPU, instance_device, move_optimizer_state, place, to_host
 from popdist_torch.runners import ReplicaRunner, make_runner, uses_stages
 
 __all__ = [
@@ -122,11 +123,20 @@ class PoplarExecutor(PopTorchSurface):
         self._training = training
         self._attached = True
         self._destroyed = False
+        # The instance's GPU when it has one; before the broadcast, which then runs there.
+        self._device = instance_device(
+            pipelined=uses_stages(model, opts), num_processes=opts.Distributed.numProcesses
+        )
+        place(model, self._optimizer, self._device)
         self._reducer = _connect(model, opts, self._optimizer)
         # ``Block`` contexts show only when forward runs: the first call watches for them.
         self._watch_blocks = not uses_stages(model, opts)
         self._runner: ReplicaRunner = make_runner(
-            model, opts, reducer=self._reducer, zero_grad=self._zero_grad if training else None
+            model,
+            opts,
+            reducer=self._reducer,
+            zero_grad=self._zero_grad if training else None,
+            device_type=self._device.type,
         )
 
     # -- PopTorch's executor surface ----------------------------------------------------
@@ -202,15 +212,14 @@ class PoplarExecutor(PopTorchSurface):
         self._check_alive()
         if not self._attached:
             self._attached = True
-        batch = Batch(args, kwargs, self._options)
+        batch = Batch(args, kwargs, self._options, self._device)
         model = self._user_model
         was_training = model.training
         if was_training != self._training:  # module.train() walks every submodule
             model.train(self._training)
         try:
-            if self._watch_blocks:
-                return self._first_call(batch)
-            return self._run(batch)
+            result = self._first_call(batch) if self._watch_blocks else self._run(batch)
+            return result if self._device == CPU else to_host(result)
         finally:
             if was_training != self._training:
                 model.train(was_training)
@@ -242,6 +251,10 @@ class PoplarExecutor(PopTorchSurface):
                 self._zero_grad()
                 if self._reducer is not None:
                     self._reducer.disarm()
+            if self._device != CPU:  # the stage runner places the stages itself
+                self._device = CPU
+                place(self._user_model, self._optimizer, CPU)
+                batch.batched = [t.to(CPU) for t in batch.batched]
             self._runner = make_runner(
                 self._user_model,
                 self._options,
@@ -302,21 +315,11 @@ class PoplarExecutor(PopTorchSurface):
         if self._options.TensorLocations.optimizer_on_chip:
             yield
             return
-        _move_state(optimizer, lambda p: p.device)
+        move_optimizer_state(optimizer, lambda p: p.device)
         try:
             yield
         finally:
-            _move_state(optimizer, lambda p: torch.device("cpu"))
-
-
-def _move_state(
-    optimizer: torch.optim.Optimizer, where: Callable[[torch.Tensor], torch.device]
-) -> None:
-    for param, state in optimizer.state.items():
-        device = where(param)
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
-                state[key] = value.to(device)
+            move_optimizer_state(optimizer, lambda p: CPU)
 
 
 def trainingModel(

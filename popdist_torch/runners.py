@@ -12,7 +12,9 @@ The executor picks one with :func:`make_runner` when the model is wrapped:
   combined batch costs. Models that mutate buffers in training (BatchNorm running
   statistics) or that ``vmap`` cannot run (data-dependent Python control flow,
   ``.item()``) run the replicas one after the other on the same module: same result,
-  slower. The choice is made on the first call and kept.
+  slower. The choice is made on the first call and kept. With
+  ``Precision.autocastEnabled`` each forward runs under ``torch.autocast``, which has no
+  effect inside ``vmap``: the replicas then run one after the other.
 - :class:`StageReplicaRunner`: each replica split into stages over its devices
   (:class:`popdist_torch.pipeline.StageRunner`), for models with an execution strategy or
   block annotations.
@@ -21,6 +23,7 @@ The executor picks one with :func:`make_runner` when the model is wrapped:
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -71,10 +74,14 @@ class LocalReplicaRunner(ReplicaRunner):
         model: nn.Module,
         reducer: GradientReducer | None,
         zero_grad: Callable[[], None] | None = None,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         super().__init__(model, reducer)
         self._zero_grad = zero_grad  # the optimizer's, to start an update again
         self._fused: bool | None = None  # unknown until the first call with replicas > 1
+        self._autocast = autocast or contextlib.nullcontext
+        if autocast is not None:
+            self._fused = False  # torch.autocast has no effect inside vmap
 
     @property
     def fused(self) -> bool | None:
@@ -191,7 +198,8 @@ class LocalReplicaRunner(ReplicaRunner):
         replicas = inputs[0].shape[0]
         for i in range(replicas):
             args, kwargs = batch.rebuild([t[i] for t in inputs])
-            out = self.model(*args, **kwargs)
+            with self._autocast():
+                out = self.model(*args, **kwargs)
             if scale is not None:
                 loss = loss_of(out)
                 check_scalar(loss)
@@ -252,14 +260,24 @@ def make_runner(
     reducer: GradientReducer | None,
     zero_grad: Callable[[], None] | None = None,
     staged: bool | None = None,
+    device_type: str = "cpu",
 ) -> ReplicaRunner:
     """The runner for ``model`` under ``options``; ``zero_grad`` restarts an update.
 
     ``staged`` forces the choice (the executor stages a model whose first forward placed
     ``Block`` contexts); by default a model is staged when :func:`uses_stages` says so.
+    ``device_type`` is where the replicas compute (``torch.autocast``'s device).
     """
     if not (uses_stages(model, options) if staged is None else staged):
-        return LocalReplicaRunner(model, reducer, zero_grad)
+        autocast = None
+        precision = options.Precision
+        if precision.autocast_enabled:
+            dtype = getattr(torch, precision.autocast_dtype)
+
+            def autocast() -> contextlib.AbstractContextManager[Any]:
+                return torch.autocast(device_type=device_type, dtype=dtype)
+
+        return LocalReplicaRunner(model, reducer, zero_grad, autocast)
     from popdist_torch.pipeline import StageRunner
 
     # Under poprun: --ipus-per-replica; otherwise (None) as many devices as the stages

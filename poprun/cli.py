@@ -105,6 +105,7 @@ def run(
 ) -> int:
     """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched)."""
     from poprun import config as cfg
+    from poprun.devices import check_pool, device_pool
     from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
     from poprun.hosts import is_local
     from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
@@ -125,6 +126,8 @@ def run(
     environ = with_allocator_defaults(config, environ)
 
     topology, numactl = _plan(config, environ)
+    pool = device_pool(environ)
+    check_pool(topology, pool)
     argv = build_argv(
         config,
         topology,
@@ -134,6 +137,7 @@ def run(
         local_cpus=len(os.sched_getaffinity(0)),
         numactl=numactl,
         user_mca=mca_from_environment(environ),
+        device_pool=pool,
     )
     if config.vipu:
         names = ", ".join(option_name(k) for k, _ in config.vipu)

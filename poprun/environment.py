@@ -8,16 +8,18 @@ contract (``popdist.env``) is exported per instance inside its own app context.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from popdist import env as contract
 from poprun.config import RunConfig
+from poprun.devices import VISIBLE_DEVICES, instance_devices
 from poprun.topology import InstancePlan
 
 #: Never forwarded: shell functions, the shell's bookkeeping, the launcher's own variables
-#: (mpirun sets OMPI_*/PMIX_*; poprun sets POPDIST_* per instance).
+#: (mpirun sets OMPI_*/PMIX_*; poprun sets POPDIST_* and each instance's slice of
+#: CUDA_VISIBLE_DEVICES per instance, see :mod:`poprun.devices`).
 DENY_PREFIXES: tuple[str, ...] = ("BASH_FUNC_", "OMPI_", "PMIX_", "POPDIST_")
-DENY_NAMES = frozenset({"OLDPWD", "_", "PWD", "SHLVL"})
+DENY_NAMES = frozenset({"OLDPWD", "_", "PWD", "SHLVL", VISIBLE_DEVICES})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: Set for every instance so that Python output streams live, not at exit.
@@ -70,9 +72,14 @@ def shared_values(config: RunConfig) -> dict[str, str]:
     return values
 
 
-def instance_values(config: RunConfig, plan: InstancePlan) -> dict[str, str]:
-    """The contract values of one instance (plain integers and a host name)."""
-    return contract.instance_environment(
+def instance_values(
+    config: RunConfig, plan: InstancePlan, device_pool: Sequence[str] | None = None
+) -> dict[str, str]:
+    """The contract values of one instance (plain integers and a host name), then its GPUs.
+
+    ``device_pool`` is the user's ``CUDA_VISIBLE_DEVICES`` list (``None``: ordinals).
+    """
+    values = contract.instance_environment(
         num_total_replicas=config.num_replicas,
         num_ipus_per_replica=config.ipus_per_replica,
         num_instances=config.num_instances,
@@ -82,6 +89,8 @@ def instance_values(config: RunConfig, plan: InstancePlan) -> dict[str, str]:
         host=plan.host,
         offline_mode=config.offline_mode,
     )  # the cache path is shared: it goes by name (shared_values)
+    values[VISIBLE_DEVICES] = instance_devices(plan, device_pool)
+    return values
 
 
 def mpirun_environment(config: RunConfig, environ: Mapping[str, str]) -> dict[str, str]:

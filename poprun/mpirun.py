@@ -101,11 +101,13 @@ def build_argv(
     local_cpus: int,
     numactl: str | None = None,
     user_mca: frozenset[str] = frozenset(),
+    device_pool: Sequence[str] | None = None,
 ) -> list[str]:
     """The exact mpirun argv for this run (golden-tested).
 
     ``user_mca`` names the MCA parameters the user set in the environment
     (``OMPI_MCA_<name>``); poprun's single-host defaults never override them.
+    ``device_pool`` is the user's ``CUDA_VISIBLE_DEVICES`` (:mod:`poprun.devices`).
     """
     user_global = config.global_args()
     argv = [mpirun, "--tag-output"]
@@ -129,7 +131,7 @@ def build_argv(
         if topology.explicit_hosts:
             argv += ["-H", f"{plan.host}:{plan.num_local_instances}"]
         argv += exported
-        for name, value in instance_values(config, plan).items():
+        for name, value in instance_values(config, plan, device_pool).items():
             argv += ["-x", f"{name}={value}"]
         argv += config.local_args(plan.index)
         argv += WRAPPER

@@ -65,6 +65,9 @@ def run_job(
     return subprocess.CompletedProcess(argv, proc.returncode, out, None)
 
 
-def run_mpi(np: int, args: list[str], *, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``mpirun -np N python ARGS`` as a job."""
-    return run_job(mpirun_argv(np, sys.executable, *args), timeout=timeout)
+def run_mpi(
+    np: int, args: list[str], *, timeout: float = 240, backend: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``mpirun -np N python ARGS`` as a job; ``backend`` goes in ``POPDIST_BACKEND``."""
+    env = job_env() if backend is None else job_env(POPDIST_BACKEND=backend)
+    return run_job(mpirun_argv(np, sys.executable, *args), env=env, timeout=timeout)

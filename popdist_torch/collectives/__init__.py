@@ -1,9 +1,10 @@
 """Collectives between instances: one interface, its backends, and what the executor builds on it.
 
 :class:`~popdist_torch.collectives.base.Collectives` is the interface; Horovod
-(:mod:`popdist_torch.collectives.horovod`) is the default backend. :func:`backend` gives the
-process's backend object (one per process: MPI starts once), ``popdist.init()`` starts it,
-:func:`connect` starts it and checks it against the options. :class:`GradientReducer` and
+(:mod:`popdist_torch.collectives.horovod`) is the default backend, ``torch.distributed``
+(:mod:`popdist_torch.collectives.torchdist`: gloo on CPU, NCCL on GPU) the second.
+:func:`backend` gives the process's backend object (one per process: MPI starts once),
+``popdist.init()`` starts it, :func:`connect` starts it and checks it against the options. :class:`GradientReducer` and
 :func:`broadcast_state` are the executor's gradient and wrap-time state paths, written
 against the interface only. Only the backend modules import a backend library.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from popdist_torch.collectives.base import Collectives, Handle
 from popdist_torch.collectives.horovod import HorovodCollectives
 from popdist_torch.collectives.reducer import GradientReducer, broadcast_state
+from popdist_torch.collectives.torchdist import TorchCollectives
 from popdist_torch.errors import CollectiveError
 
 __all__ = [
@@ -31,7 +33,10 @@ __all__ = [
 ]
 
 #: The backends by name: a factory of each one's (unstarted) object.
-BACKENDS: dict[str, Callable[[], Collectives]] = {"horovod": HorovodCollectives}
+BACKENDS: dict[str, Callable[[], Collectives]] = {
+    "horovod": HorovodCollectives,
+    "torch": TorchCollectives,
+}
 DEFAULT_BACKEND = "horovod"
 
 _choice = DEFAULT_BACKEND

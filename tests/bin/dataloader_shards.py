@@ -40,7 +40,9 @@ def main() -> None:
     )
     epochs = [[i for b in small for i in b.tolist()] for _ in range(2)]
     small.terminate()
+    popdist.init()  # the DataLoader needs no collectives; the backend must not disturb it
     report = {
+        "backend": popdist.backend.active(),
         "instance": popdist.getInstanceIndex(),
         "processes": cifar.options.Distributed.numProcesses,
         "len": len(cifar),

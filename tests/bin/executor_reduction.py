@@ -2,18 +2,21 @@
 
 Checks, and exits non-zero with a message if not: one allreduce per parameter per weight
 update (none on intermediate accumulation steps); Sum reduction sums over instances;
-broadcastBuffers(False) leaves buffers alone while parameters are broadcast; prints OK.
+broadcastBuffers(False) leaves buffers alone while parameters are broadcast; the backend is
+the one ``POPDIST_BACKEND`` names and the torch backend never imports Horovod; prints OK.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
-import horovod.torch as hvd
 import torch
 from torch import nn
 
+import popdist
 import popdist_torch as poptorch
+from popdist_torch import collectives
 
 
 class Net(nn.Module):
@@ -27,7 +30,7 @@ class Net(nn.Module):
 
 
 def fail(message: str) -> None:
-    print(f"FAIL rank {hvd.rank()}: {message}", flush=True)
+    print(f"FAIL rank {popdist.getInstanceIndex()}: {message}", flush=True)
     sys.exit(1)
 
 
@@ -43,14 +46,19 @@ def main() -> None:
     if model.marker.item() != rank:
         fail("broadcastBuffers(False) but the buffer was broadcast")
     start = model.fc.weight.detach().clone()
+    backend = collectives.backend()
+    if backend.name != os.environ.get("POPDIST_BACKEND", "horovod"):
+        fail(f"backend {backend.name} but POPDIST_BACKEND={os.environ.get('POPDIST_BACKEND')}")
+    if backend.name == "torch" and "horovod" in sys.modules:
+        fail("the torch backend imported Horovod")
     launches: list[str] = []
-    real = hvd.allreduce_async_
+    real = backend.allreduce_async_
 
-    def counting(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+    def counting(tensor: torch.Tensor, **kwargs: object) -> object:
         launches.append(str(kwargs.get("name")))
-        return real(tensor, *args, **kwargs)
+        return real(tensor, **kwargs)  # type: ignore[arg-type]
 
-    hvd.allreduce_async_ = counting
+    backend.allreduce_async_ = counting  # type: ignore[method-assign]
     # every sample is x = rank + 1: d(sum fc(x))/dW = 2 rows of x summed over samples
     micro = 2
     x = torch.full((2 * 3 * 2 * micro, 3), float(rank + 1))
@@ -59,7 +67,7 @@ def main() -> None:
     if len(launches) != 2 * params:
         fail(f"{len(launches)} allreduce launches for 2 updates of {params} parameters")
     # Sum over 2 instances x 3 steps x 2 replicas x micro samples: grad per weight entry
-    per_update = sum(3 * 2 * micro * (r + 1) for r in range(hvd.size()))
+    per_update = sum(3 * 2 * micro * (r + 1) for r in range(backend.size()))
     expected = start - 2 * per_update
     if not torch.allclose(model.fc.weight, expected):
         fail(f"weights {model.fc.weight.tolist()} != expected {expected.tolist()}")

@@ -35,13 +35,15 @@ popdist.init()
 popdist.init()  # a second call does nothing
 report["initialized"] = popdist.isBackendInitialized()
 
-import horovod.torch as hvd  # noqa: E402 - after init, as a PopDist script does
-import torch  # noqa: E402
+import torch  # noqa: E402 - after init, as a PopDist script does
 
-report["hvd"] = [hvd.size(), hvd.rank()]
-mean, doubled = hvd.grouped_allreduce(
-    [torch.tensor(float(index)), torch.tensor(2.0 * index)], op=hvd.Average
-)
+from popdist import backend  # noqa: E402
+
+collectives = backend.collectives()
+report["collectives"] = [collectives.name, collectives.size(), collectives.rank()]
+report["horovod_imported"] = "horovod" in sys.modules
+mean = collectives.allreduce_(torch.tensor(float(index)), average=True)
+doubled = collectives.allreduce_(torch.tensor(2.0 * index), average=True)
 report["grouped_mean"] = [mean.item(), doubled.item()]
 
 
@@ -65,7 +67,7 @@ except Exception as exc:  # recorded: the test checks what every instance got
     report["failure"] = [type(exc).__name__, str(exc)]
 
 # The collectives are still aligned after a failure inside execute_on_instances.
-report["after_failure_sum"] = hvd.allreduce(torch.tensor(1.0), op=hvd.Sum).item()
+report["after_failure_sum"] = collectives.allreduce_(torch.tensor(1.0)).item()
 
 popdist.finalizeBackend()
 report["initialized_after_finalize"] = popdist.isBackendInitialized()

@@ -13,9 +13,9 @@ from tests.jobs import ROOT, poprun_argv, run_job
 pytestmark = [pytest.mark.launch, pytest.mark.slow]
 
 
-def test_resume_gives_identical_weights(tmp_path: Path) -> None:
+def test_resume_gives_identical_weights(backend: str, tmp_path: Path) -> None:
     script = [sys.executable, str(ROOT / "tests/bin/ckpt_resume.py")]
-    launch = ["--num-replicas", "4", "--num-instances", "2"]
+    launch = ["--num-replicas", "4", "--num-instances", "2", "--backend", backend]
     for phase in ("full", "first", "resume"):
         done = run_job(poprun_argv(*launch, *script, phase, str(tmp_path)), timeout=300)
         assert done.returncode == 0, done.stdout

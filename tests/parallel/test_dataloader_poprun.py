@@ -39,26 +39,29 @@ def check_shards(found: list[dict[str, Any]], combined: int) -> None:
     [(4, 2, 390, 64), (8, 4, 195, 64)],
 )
 def test_popdist_options_under_poprun(
-    replicas: int, instances: int, length: int, combined: int
+    replicas: int, instances: int, length: int, combined: int, backend: str
 ) -> None:
     launch = ["--num-replicas", str(replicas), "--num-instances", str(instances)]
+    launch += ["--backend", backend]
     done = run_job(poprun_argv(*launch, sys.executable, SCRIPT, "popdist"))
     assert done.returncode == 0, done.stdout
     found = reports(done.stdout)
     assert [r["instance"] for r in found] == list(range(instances)), done.stdout
     for r in found:
+        assert r["backend"] == backend
         assert (r["processes"], r["len"], r["combined"]) == (instances, length, combined)
         assert r["small_combined"] == 2 * replicas // instances
     check_shards(found, 2 * replicas // instances)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
-def test_plain_options_under_mpirun() -> None:
+def test_plain_options_under_mpirun(backend: str) -> None:
     """A plain Options() reads OMPI_COMM_WORLD_*: 4 processes of one replica, 390 batches of 32."""
-    done = run_mpi(4, [SCRIPT, "plain"])
+    done = run_mpi(4, [SCRIPT, "plain"], backend=backend)
     assert done.returncode == 0, done.stdout
     found = reports(done.stdout)
     assert len(found) == 4, done.stdout
     for r in found:
+        assert r["backend"] == backend
         assert (r["processes"], r["len"], r["combined"]) == (4, 390, 32)
     check_shards(found, 2)

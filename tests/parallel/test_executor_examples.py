@@ -1,5 +1,5 @@
 """The executor's examples run as documented: train_digits under poprun, the listing
-launched by plain mpirun."""
+launched by plain mpirun; on both collective backends."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ POPRUN = ROOT / ".venv/bin/poprun"
 
 
 @pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
-def test_train_digits_under_poprun() -> None:
+def test_train_digits_under_poprun(backend: str) -> None:
     # The installed console script when there is one, else the same CLI as `python -m poprun`.
     launcher = [str(POPRUN)] if POPRUN.exists() else poprun_argv()
     cmd = [
@@ -24,6 +24,8 @@ def test_train_digits_under_poprun() -> None:
         "2",
         "--num-replicas",
         "4",
+        "--backend",
+        backend,
         sys.executable,
         "examples/train_digits.py",
     ]
@@ -41,8 +43,8 @@ def test_train_digits_under_poprun() -> None:
 
 
 @pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
-def test_distributed_without_poprun_under_mpirun() -> None:
-    done = run_mpi(2, ["examples/distributed_without_poprun.py"], timeout=180)
+def test_distributed_without_poprun_under_mpirun(backend: str) -> None:
+    done = run_mpi(2, ["examples/distributed_without_poprun.py"], timeout=180, backend=backend)
     assert done.returncode == 0, done.stdout
     for pid in (0, 1):
         assert f"process {pid}: call 0, combined batch (160, 3, 2), output (4, 2)" in done.stdout

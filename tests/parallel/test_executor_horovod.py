@@ -1,4 +1,5 @@
-"""The executor's Horovod path under ``mpirun -np 2``: reduction count, Sum, buffers."""
+"""The executor's collectives path under ``mpirun -np 2``, on both backends: reduction
+count, Sum, buffers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ pytestmark = pytest.mark.parallel
 
 
 @pytest.mark.skipif(MPIRUN is None, reason="needs Open MPI's mpirun")
-def test_one_fused_reduction_per_update_sum_and_buffers() -> None:
-    done = run_mpi(2, [str(ROOT / "tests/bin/executor_reduction.py")], timeout=120)
+def test_one_fused_reduction_per_update_sum_and_buffers(backend: str) -> None:
+    script = str(ROOT / "tests/bin/executor_reduction.py")
+    done = run_mpi(2, [script], timeout=120, backend=backend)
     assert done.returncode == 0, done.stdout
     assert done.stdout.count("OK") == 2, done.stdout

@@ -2,7 +2,8 @@
 
 Each instance reads its run from the environment contract (as poprun exports it),
 pipelines its replica over ``num_ipus_per_replica`` CPU workers with ``StageRunner``,
-sums gradients over instances with Horovod and steps SGD.  Both instances must end
+sums gradients over instances with the collective backend (Horovod, then torch) and
+steps SGD.  Both instances must end
 with identical weights, equal to a single-process sequential loop over the global batch.
 """
 
@@ -55,15 +56,16 @@ def data(step, instance, ga, micro):
 CHILD = """
 import sys
 import torch
-import horovod.torch as hvd
+import popdist
 from popdist.env import read_run
 from popdist_torch.pipeline import PipelinedExecution, StageRunner
 from pipemodel import make, data
 
 steps, ga, micro, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 run = read_run()
-hvd.init()
-assert hvd.size() == run.num_instances and hvd.rank() == run.instance_index
+popdist.init()
+collectives = popdist.backend.collectives()
+assert collectives.size() == run.num_instances and collectives.rank() == run.instance_index
 model = make()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 runner = StageRunner(model, PipelinedExecution("B1", "B2"), num_devices=run.num_ipus_per_replica)
@@ -71,7 +73,7 @@ for step in range(steps):
     optimizer.zero_grad()
     runner.forward_backward(data(step, run.instance_index, ga, micro), 1.0 / (ga * run.num_instances))
     for name, p in model.named_parameters():
-        p.grad = hvd.allreduce(p.grad, op=hvd.Sum, name=name)
+        collectives.allreduce_(p.grad, name=name)
     optimizer.step()
 assert len(runner.plan(2).stages) == 2 and runner.devices == [torch.device("cpu")] * 2
 torch.save(model.state_dict(), f"{out}/weights{run.instance_index}.pt")
@@ -96,10 +98,9 @@ def reference(tmp_path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(180)
-def test_two_pipelined_replicas_train_like_one_process(tmp_path: Path) -> None:
+def test_two_pipelined_replicas_train_like_one_process(backend: str, tmp_path: Path) -> None:
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not installed")
-    pytest.importorskip("horovod.torch")
     (tmp_path / "pipemodel.py").write_text(textwrap.dedent(MODEL))
     (tmp_path / "child.py").write_text(textwrap.dedent(CHILD))
     argv = ["mpirun", "--oversubscribe", "--bind-to", "none"]
@@ -118,7 +119,7 @@ def test_two_pipelined_replicas_train_like_one_process(tmp_path: Path) -> None:
         if index:
             argv.append(":")
         argv += ["-np", "1"]
-        for var, setting in env.items():
+        for var, setting in {**env, "POPDIST_BACKEND": backend}.items():
             argv += ["-x", f"{var}={setting}"]
         argv += ["-x", "PYTHONPATH", sys.executable, str(tmp_path / "child.py")]
         argv += [str(STEPS), str(GA), str(MICRO), str(tmp_path)]
@@ -158,15 +159,21 @@ torch.save(model.state_dict(), f"{out}/weights{instance}.pt")
 
 
 @pytest.mark.timeout(180)
-def test_poprun_two_pipelined_replicas_through_the_executor(tmp_path: Path) -> None:
+def test_poprun_two_pipelined_replicas_through_the_executor(backend: str, tmp_path: Path) -> None:
     """``poprun --num-replicas 2 --num-instances 2 --ipus-per-replica 2`` with trainingModel."""
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not installed")
-    pytest.importorskip("horovod.torch")
     (tmp_path / "pipemodel.py").write_text(textwrap.dedent(MODEL))
     (tmp_path / "child.py").write_text(textwrap.dedent(EXECUTOR_CHILD))
     argv = [sys.executable, "-m", "poprun", "--num-replicas", "2", "--num-instances", "2"]
-    argv += ["--ipus-per-replica", str(DEVICES), sys.executable, str(tmp_path / "child.py")]
+    argv += [
+        "--backend",
+        backend,
+        "--ipus-per-replica",
+        str(DEVICES),
+        sys.executable,
+        str(tmp_path / "child.py"),
+    ]
     argv += [str(STEPS), str(GA), str(MICRO), str(tmp_path), str(tmp_path), str(ROOT)]
     done = run_job(argv, timeout=150)
     assert done.returncode == 0, done.stdout[-3000:]

@@ -1,4 +1,8 @@
-"""popdist under real launches: poprun 4 instances × 8 replicas, and single processes."""
+"""popdist under real launches: poprun 4 instances × 8 replicas, and single processes.
+
+The launches and the start-up checks run on both collective backends; the single-process
+life-cycle tests are Horovod's (MPI's one initialisation, its thread's timer slack).
+"""
 
 from __future__ import annotations
 
@@ -25,9 +29,11 @@ def _needs_backend() -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.usefixtures("_needs_backend")
-def test_poprun_4_instances_8_replicas(tmp_path: Path) -> None:
+def test_poprun_4_instances_8_replicas(backend: str, tmp_path: Path) -> None:
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed")
     argv = [sys.executable, "-m", "poprun", "--num-instances", "4", "--num-replicas", "8"]
+    argv += ["--backend", backend]
     argv += ["--ipus-per-replica", "2", sys.executable, str(CHILD), str(tmp_path)]
     result = run_job(argv, timeout=200)
     assert result.returncode == 0, result.stdout[-4000:]
@@ -48,7 +54,8 @@ def test_poprun_4_instances_8_replicas(tmp_path: Path) -> None:
         }, f"instance {i}"
         assert got["torch_before_init"] is False
         assert got["initialized"] is True
-        assert got["hvd"] == [4, i]
+        assert got["collectives"] == [backend, 4, i]
+        assert got["horovod_imported"] is (backend == "horovod")
         assert got["grouped_mean"] == [1.5, 3.0]
         assert got["execute_0"] == ("first from 0" if i == 0 else None)
         assert got["execute_13"] == (f"second from {i}" if i in (1, 3) else None)
@@ -123,10 +130,9 @@ def test_backend_is_finalised_at_exit() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.usefixtures("_needs_backend")
-def test_init_rejects_a_run_horovod_does_not_see() -> None:
+def test_init_rejects_a_run_the_backend_does_not_see(backend: str) -> None:
     """A process carrying instance 1 of 4's variables but started alone: a clear error."""
-    environ = job_env()
+    environ = job_env(POPDIST_BACKEND=backend)
     environ.update(
         contract.instance_environment(
             num_total_replicas=8,
@@ -141,8 +147,9 @@ def test_init_rejects_a_run_horovod_does_not_see() -> None:
     code = "import popdist\ntry:\n    popdist.init()\nexcept popdist.PopdistError as e:\n    print('ERR', e)\nprint('init', popdist.isBackendInitialized())"
     result = run_job([sys.executable, "-c", code], env=environ, timeout=100)
     assert result.returncode == 0, result.stdout[-3000:]
+    who = "Horovod" if backend == "horovod" else "MPI"
     assert (
-        "ERR Horovod sees rank 0 of 1 processes but poprun's POPDIST_* says instance 1 of 4: "
+        f"ERR {who} sees rank 0 of 1 processes but poprun's POPDIST_* says instance 1 of 4: "
         "start every instance from one poprun (or mpirun) command and do not mix launchers"
     ) in result.stdout
     assert "init False" in result.stdout

@@ -45,7 +45,9 @@ def _ctx(**values: object) -> list[str]:
         "HOST",
     ):
         out += ["-x", f"POPDIST_{name}={values[name.lower()]}"]
-    return out
+    n = int(values["num_local_replicas"]) * int(values["num_ipus_per_replica"])  # type: ignore[call-overload]
+    first = int(values["local_instance_index"]) * n  # type: ignore[call-overload]
+    return [*out, "-x", "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, range(first, first + n)))]
 
 
 HEAD = ["mpirun", "--tag-output", "--bind-to", "none"]

@@ -1,0 +1,110 @@
+"""Where an instance computes: its GPU when it has one, else the CPU.
+
+poprun gives each instance its own GPUs (``CUDA_VISIBLE_DEVICES``), so an instance's
+device is the current CUDA device (``cuda:0`` unless the torch backend chose another under
+a plain ``mpirun``). The executor moves the model (and so the optimizer's parameters) there
+once, when it wraps it; the optimizer state that already exists; every call's batch; and
+hands outputs back in host memory, as PopTorch does. The local replicas run on that one
+device (one ``vmap``), so they cost about one forward/backward of the combined batch.
+
+The CPU is used when the instance has no GPU, when poprun runs ``--offline-mode``, when
+the model is split into pipeline stages (the stage runner places the stages itself), or
+when the gradients would cross instances over Horovod, whose build here has no GPU
+collectives (the torch backend's NCCL is the GPU path).
+
+The decision is the pure :func:`choose_device`; tests drive it with fake device counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+__all__ = [
+    "choose_device",
+    "instance_device",
+    "move_optimizer_state",
+    "place",
+    "to_host",
+]
+
+CPU = torch.device("cpu")
+
+
+def choose_device(
+    *,
+    device_count: int,
+    current: int,
+    offline: bool,
+    pipelined: bool,
+    collectives_on_gpu: bool = True,
+) -> torch.device:
+    """The device an instance computes on (pure).
+
+    ``device_count`` GPUs visible, ``current`` the current CUDA device index,
+    ``collectives_on_gpu`` whether the run's collectives (if any) take CUDA tensors.
+    """
+    if device_count < 1 or offline or pipelined or not collectives_on_gpu:
+        return CPU
+    return torch.device("cuda", current if 0 <= current < device_count else 0)
+
+
+def instance_device(*, pipelined: bool, num_processes: int = 1) -> torch.device:
+    """:func:`choose_device` for this process (reads CUDA, the backend, the offline flag)."""
+    from popdist import backend
+    from popdist.env import read_run
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return choose_device(
+        device_count=count,
+        current=torch.cuda.current_device() if count else 0,
+        offline=read_run().offline_mode,
+        pipelined=pipelined,
+        collectives_on_gpu=num_processes <= 1 or backend.active() == "torch",
+    )
+
+
+def move_optimizer_state(
+    optimizer: torch.optim.Optimizer, where: Callable[[torch.Tensor], torch.device]
+) -> None:
+    """Move every non-scalar state tensor to ``where(param)`` (scalars stay: Adam's step)."""
+    for param, state in optimizer.state.items():
+        device = where(param)
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
+                state[key] = value.to(device)
+
+
+def place(model: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:
+    """Move ``model`` and the optimizer's state to ``device``; the optimizer follows.
+
+    ``Module.to`` keeps each ``Parameter`` object where it can (CPU to CUDA) and swaps it
+    for a new one where it cannot (some devices, or torch's swap-on-conversion mode): the
+    optimizer's parameter groups and state are re-pointed at whatever the module now holds.
+    """
+    if device == CPU and all(p.device == CPU for p in model.parameters()):
+        return
+    before = list(model.parameters())
+    model.to(device)
+    if optimizer is None:
+        return
+    swapped = {
+        id(old): new for old, new in zip(before, model.parameters(), strict=True) if old is not new
+    }
+    if swapped:
+        for group in optimizer.param_groups:
+            group["params"] = [swapped.get(id(p), p) for p in group["params"]]
+        for old in [p for p in optimizer.state if id(p) in swapped]:
+            optimizer.state[swapped[id(old)]] = optimizer.state.pop(old)
+    move_optimizer_state(optimizer, lambda p: p.device)
+
+
+def to_host(tree: Any) -> Any:
+    """``tree``'s tensors in host memory (outputs, as PopTorch returns them)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.cpu()
+    return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, tree)

@@ -1,0 +1,67 @@
+"""Which GPUs each instance sees (pure): its slice of ``CUDA_VISIBLE_DEVICES``.
+
+As on IPUs, an instance owns ``local replicas × devices per replica`` devices, and the
+instances of one host take consecutive slices: local instance ``k`` gets devices
+``k·n … k·n + n − 1`` with ``n = local replicas × devices per replica``. poprun exports
+the slice as ``CUDA_VISIBLE_DEVICES`` to each instance, so an instance's first device is
+always ``cuda:0``.
+
+The user overrides it by setting ``CUDA_VISIBLE_DEVICES`` for poprun: that list is then the
+pool every host's instances slice (``CUDA_VISIBLE_DEVICES=4,5,6,7`` uses the upper half of
+a host; ``CUDA_VISIBLE_DEVICES=`` hides every GPU and runs on CPU). Without it the pool is
+the device ordinals ``0, 1, 2 …``; a host with fewer GPUs than the slices ask for leaves
+the instances past its count without a GPU (CUDA ignores ordinals it does not have), and
+they run on CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from poprun.errors import PoprunError
+from poprun.topology import InstancePlan, Topology
+
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+
+def device_pool(environ: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The user's ``CUDA_VISIBLE_DEVICES`` as a list, or ``None`` (all ordinals)."""
+    raw = environ.get(VISIBLE_DEVICES)
+    if raw is None:
+        return None
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def devices_per_instance(plan: InstancePlan) -> int:
+    """Devices one instance owns: its local replicas × devices per replica."""
+    return plan.num_local_replicas * plan.ipus_per_replica
+
+
+def instance_devices(plan: InstancePlan, pool: Sequence[str] | None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value of one instance (comma-separated)."""
+    n = devices_per_instance(plan)
+    first = plan.local_index * n
+    if pool is None:
+        return ",".join(str(i) for i in range(first, first + n))
+    return ",".join(pool[first : first + n])
+
+
+def check_pool(topology: Topology, pool: Sequence[str] | None) -> None:
+    """A user pool must give every instance at least one device (an empty pool: none).
+
+    Raises :class:`PoprunError` naming the value and how many devices the run needs.
+    """
+    if not pool:
+        return
+    for plan in topology.instances:
+        if plan.local_index * devices_per_instance(plan) >= len(pool):
+            need = plan.num_local_instances * devices_per_instance(plan)
+            raise PoprunError(
+                VISIBLE_DEVICES,
+                ",".join(pool),
+                f"lists {len(pool)} device(s) but {plan.num_local_instances} instance(s) on "
+                f"host {plan.host} take {devices_per_instance(plan)} each ({need} in all), so "
+                f"local instance {plan.local_index} would get none",
+                f"list at least {need} devices, run fewer instances per host, or unset it to "
+                f"let poprun hand out devices 0, 1, 2",
+            )

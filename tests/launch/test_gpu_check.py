@@ -1,0 +1,31 @@
+"""``make gpu-check``'s script: its plumbing on the CPU (``--cpu``), its refusal without a GPU."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from tests.jobs import ROOT, run_job
+
+pytestmark = [pytest.mark.launch, pytest.mark.slow]
+
+SCRIPT = str(ROOT / "scripts" / "gpu_check.py")
+
+
+def test_the_gpu_path_steps_run_on_the_cpu() -> None:
+    tiny = ["--micro", "8", "--width", "32", "--replicas", "2"]
+    done = run_job([sys.executable, SCRIPT, "--cpu", "--quick", *tiny], timeout=400)
+    assert done.returncode == 0, done.stdout
+    assert "1. torch backend, process group gloo on cpu: ok" in done.stdout
+    assert "2. 1 instance x 2 local replicas on the device: ok" in done.stdout
+    assert "| local replicas / plain torch (goal ≥ 0.9) | **" in done.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_without_a_gpu_it_says_so_and_exits_2() -> None:
+    done = run_job([sys.executable, SCRIPT], timeout=120)
+    assert done.returncode == 2
+    assert done.stdout.strip().startswith("gpu-check: no CUDA GPU is visible here")
+    assert "--cpu" in done.stdout

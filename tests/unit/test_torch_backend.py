@@ -1,0 +1,131 @@
+"""The torch.distributed backend's start-up: backend choice, rendezvous address, devices."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from popdist import env
+from popdist.env import PopdistError, RunView, read_backend
+from popdist_torch.collectives import torchdist as torch_distributed
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+
+def test_backend_defaults_to_horovod_and_follows_the_contract_variable() -> None:
+    assert read_backend({}) == "horovod"
+    assert read_backend({env.BACKEND: "torch"}) == "torch"
+    assert read_backend({env.BACKEND: " Torch "}) == "torch"
+    assert read_backend({env.BACKEND: ""}) == "horovod"
+
+
+def test_an_explicit_backend_wins_over_the_environment() -> None:
+    assert read_backend({env.BACKEND: "torch"}, requested="horovod") == "horovod"
+    assert read_backend({env.BACKEND: "horovod"}, requested="torch") == "torch"
+
+
+@pytest.mark.parametrize(
+    ("environ", "requested", "named"),
+    [
+        ({env.BACKEND: "nccl"}, None, "POPDIST_BACKEND='nccl'"),
+        ({}, "mpi", "popdist.init(backend=...)='mpi'"),
+    ],
+)
+def test_an_unknown_backend_names_the_value_and_the_choices(
+    environ: dict[str, str], requested: str | None, named: str
+) -> None:
+    with pytest.raises(PopdistError) as info:
+        read_backend(environ, requested=requested)
+    assert named in str(info.value)
+    assert "horovod, torch" in str(info.value)
+
+
+def _run(**fields: object) -> RunView:
+    return RunView(from_poprun=True, **fields)  # type: ignore[arg-type]
+
+
+def test_rendezvous_on_one_host_is_loopback() -> None:
+    run = _run(num_instances=4, num_local_instances=4, host="node7")
+    assert torch_distributed.rendezvous_host(run, "ignored") == "127.0.0.1"
+
+
+def test_rendezvous_across_hosts_is_instance_zeros_host() -> None:
+    run = _run(num_instances=4, num_local_instances=2, host="node7")
+    assert torch_distributed.rendezvous_host(run, "this-machine") == "node7"
+
+
+def test_rendezvous_under_plain_mpirun_uses_the_host_name() -> None:
+    run = RunView(num_instances=4, num_local_instances=2, host="")
+    assert torch_distributed.rendezvous_host(run, "this-machine") == "this-machine"
+    run = _run(num_instances=4, num_local_instances=2, host="localhost")
+    assert torch_distributed.rendezvous_host(run, "this-machine") == "this-machine"
+
+
+def test_process_group_uses_nccl_only_when_every_instance_has_a_gpu() -> None:
+    assert torch_distributed.process_group_backend(False) == "gloo"
+    assert torch_distributed.process_group_backend(True) == "cpu:gloo,cuda:nccl"
+
+
+@pytest.mark.parametrize(
+    ("from_poprun", "local_index", "count", "expected"),
+    [
+        (True, 3, 8, 0),  # poprun gave this instance its own devices: the first is its
+        (False, 3, 8, 3),  # plain mpirun: every rank sees all; local rank picks
+        (False, 5, 4, 1),  # more local ranks than GPUs: they share round-robin
+    ],
+)
+def test_device_index(from_poprun: bool, local_index: int, count: int, expected: int) -> None:
+    run = RunView(local_instance_index=local_index, num_local_instances=8, from_poprun=from_poprun)
+    assert torch_distributed.device_index(run, count) == expected
+
+
+def test_device_index_needs_a_device() -> None:
+    with pytest.raises(PopdistError, match="device_count=0"):
+        torch_distributed.device_index(RunView(), 0)
+
+
+def test_the_timeout_variable() -> None:
+    assert env.read_torch_timeout({}) == env.DEFAULT_TORCH_TIMEOUT_S
+    assert env.read_torch_timeout({"POPDIST_TORCH_TIMEOUT": "90"}) == 90.0
+    for bad in ("soon", "0", "-3", "nan"):
+        with pytest.raises(PopdistError, match=f"POPDIST_TORCH_TIMEOUT='{bad}'"):
+            env.read_torch_timeout({"POPDIST_TORCH_TIMEOUT": bad})
+
+
+SINGLE = """
+import sys, torch, popdist
+from popdist import backend
+popdist.init(backend="torch")
+import torch.distributed as dist
+t = torch.tensor([2.0]); dist.all_reduce(t)
+print(backend.active(), dist.get_backend(), dist.get_world_size(), t.item(),
+      popdist.isBackendInitialized(), popdist.execute_on_instances({0}, lambda: 7),
+      "horovod" in sys.modules)
+try:
+    popdist.init(backend="horovod")
+except popdist.PopdistError as exc:
+    print("second:", exc)
+popdist.finalizeBackend()
+print("after", popdist.isBackendInitialized(), dist.is_initialized())
+popdist.init()  # POPDIST_BACKEND=torch: starts again (torch allows it)
+print("again", popdist.isBackendInitialized())
+"""
+
+
+def test_torch_backend_starts_alone_without_horovod() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", SINGLE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), env.BACKEND: "torch"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "torch gloo 1 2.0 True 7 False"
+    assert lines[1].startswith("second: popdist.init(backend='horovod'): the torch backend")
+    assert lines[2:] == ["after False False", "again True"]
