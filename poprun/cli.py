@@ -113,15 +113,9 @@ def run(
 
     environ = dict(os.environ if environ is None else environ)
     log.set_verbosity(int(values.get("verbose") or 0))
-    import_path = values.pop("import_config", None)
     export_path = values.pop("export_config", None)
     overwrite = parse_bool("--overwrite-config", values.pop("overwrite_config", None) or "no")
-    file_values = cfg.load_file(import_path) if import_path else None
-    if export_path:
-        cfg.check_export_path(export_path, overwrite=overwrite)
-    config = cfg.build(
-        values, program, environ, file_values=file_values, require_program=not export_path
-    )
+    config = _configure(values, program, environ, export_path, overwrite)
     mpirun = find_mpirun(environ)
     environ = with_allocator_defaults(config, environ)
 
@@ -162,6 +156,25 @@ def run(
     from poprun.supervisor import supervise
 
     return supervise(config, topology, argv, mpirun_environment(config, environ))
+
+
+def _configure(
+    values: dict[str, Any],
+    program: tuple[str, ...],
+    environ: dict[str, str],
+    export_path: str | None,
+    overwrite: bool,
+) -> RunConfig:
+    """The run's configuration: the YAML file's values under the command line's, validated."""
+    from poprun import config as cfg
+
+    import_path = values.pop("import_config", None)
+    file_values = cfg.load_file(import_path) if import_path else None
+    if export_path:
+        cfg.check_export_path(export_path, overwrite=overwrite)
+    return cfg.build(
+        values, program, environ, file_values=file_values, require_program=not export_path
+    )
 
 
 def _plan(config: RunConfig, environ: dict[str, str]) -> tuple[Topology, str | None]:
