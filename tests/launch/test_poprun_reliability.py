@@ -113,8 +113,15 @@ def test_a_closed_standard_stream_at_start_is_not_an_error(closed: str, tmp_path
 
 
 def test_ctrl_z_suspends_the_instances_and_fg_resumes_them(tmp_path: Path) -> None:
-    script = "echo pid $$; i=0; while [ $i -lt 200 ]; do i=$((i+1)); sleep 0.05; done; echo done"
-    proc = start(*TWO, "sh", "-c", script)
+    # No fork in the loop: a shell stopped while it vforks `sleep` shows "D", not "T".
+    script = (
+        "import os, time\n"
+        "print('pid', os.getpid(), flush=True)\n"
+        "for _ in range(200):\n"
+        "    time.sleep(0.05)\n"
+        "print('done', flush=True)\n"
+    )
+    proc = start(*TWO, sys.executable, "-c", script)
     assert proc.stdout is not None and proc.stderr is not None
     pids = []
     for line in proc.stdout:
