@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -145,13 +145,10 @@ class CPU:
         return self._layer_to_call(*args, **kwargs)
 
 
-class NameScope:
-    """Context naming the operations inside it in the IPU graph; changes nothing here."""
+class _NoEffectContext:
+    """A ``with`` block that changes nothing here (IPU-only scoping)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __enter__(self) -> NameScope:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -163,7 +160,14 @@ class NameScope:
         return None
 
 
-class MultiConv:
+class NameScope(_NoEffectContext):
+    """Context naming the operations inside it in the IPU graph; changes nothing here."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class MultiConv(_NoEffectContext):
     """Context grouping convolutions for the IPU planner; here they run one by one.
 
     The planner settings are accepted and chain, as in PopTorch.
@@ -199,14 +203,3 @@ class MultiConv:
     def enableConvDithering(self, value: bool | Sequence[bool]) -> MultiConv:
         """Accepted: there is no tile placement."""
         return self._set("enable_conv_dithering", value)
-
-    def __enter__(self) -> MultiConv:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
