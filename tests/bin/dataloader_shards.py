@@ -7,6 +7,8 @@ and the sample indices of two shuffled epochs of a small dataset.
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 import sys
 
 import torch
@@ -50,7 +52,11 @@ def main() -> None:
         "small_combined": small.combinedBatchSize,
         "epochs": epochs,
     }
-    print("REPORT " + json.dumps(report), flush=True)
+    if len(sys.argv) > 2:  # a file of its own: plain mpirun may split a long line among others
+        out = pathlib.Path(sys.argv[2]) / f"report-{os.getpid()}.json"
+        out.write_text(json.dumps(report))
+    else:
+        print("REPORT " + json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":
