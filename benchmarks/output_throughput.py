@@ -3,8 +3,8 @@
 One instance writes ``--mb`` MB to its stdout in 64 KiB writes, either as 100-byte lines
 (the flood) or as one line with no newline until the end; the launcher's stdout is a pipe
 this script reads and counts (so every byte is checked to arrive). Each round runs bare
-``mpirun -np 1`` (as users run it), ``mpirun --tag-output`` (the framing poprun undoes) and
-``poprun``, in a rotating order; throughput is bytes over the time from the first byte to
+``mpirun -np 1`` (as users run it), ``mpirun --tag-output`` (the framing poprun undoes for
+instances on other hosts; local ones write to poprun through FIFOs) and ``poprun``, in a rotating order; throughput is bytes over the time from the first byte to
 the end of output (wall time, launch included, is reported beside it). The goal (issue 18)
 is poprun ≥ 0.8× bare mpirun's throughput in both shapes. Writes docs/output-throughput.md
 and .json.
@@ -121,10 +121,10 @@ def main() -> None:
             cpu = statistics.median(cpus[name])
             rows.append([shape, name, f"{args.mb / stream.median:.0f} MB/s",
                          stream.fmt(), wall.fmt(), f"{cpu:.2f} s"])  # fmt: skip
-        extra = statistics.median(cpus["poprun"]) - statistics.median(cpus["mpirun --tag-output"])
+        cpu_ratio = statistics.median(cpus["poprun"]) / statistics.median(cpus["mpirun"])
         rows.append([shape, "**poprun / bare mpirun**", f"**{ratio:.2f}×**",
                      "met" if ratio >= TARGET else "**not met**", f"{wall_ratio:.2f}× (launch included)",
-                     f"poprun's own: {extra:.2f} s"])  # fmt: skip
+                     f"{cpu_ratio:.2f}× bare mpirun's"])  # fmt: skip
         print(rows[-4:], flush=True)
     body = (
         f"One instance writes {args.mb} MB to stdout in 64 KiB writes: a *flood* of 100-byte "
@@ -133,10 +133,11 @@ def main() -> None:
         "time from the first byte read to the end of output (the launch is a separate goal, in "
         "the launch benchmarks); the wall time of the whole command is beside it, and the CPU time "
         "(user + system) of the launcher's process tree, which depends far less on the "
-        "machine's load (poprun's own: its tree's minus `mpirun --tag-output`'s). "
+        "machine's load (poprun's tree against bare mpirun's: poprun, mpirun, the writer). "
         f"{args.rounds} rounds after a warm-up, the cases in a rotating order; ratios are "
         "medians of the per-round ratios (bare mpirun's time / poprun's). Bare mpirun runs "
-        "as users run it; `mpirun --tag-output` is the framing poprun reads and undoes. "
+        "as users run it; `mpirun --tag-output` is the framing poprun undoes for instances on "
+        "other hosts (instances on poprun's host write to it through FIFOs, not through mpirun). "
         f"Goal (issue 18): poprun ≥ {TARGET}× bare mpirun in both shapes.\n\n"
         + table(
             [

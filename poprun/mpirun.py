@@ -10,9 +10,11 @@ Shape::
                  -x POPDIST_...=v ... <local args> WRAPPER [numactl ...] program args
            : -np 1 ...                                   (one context per instance)
 
-``WRAPPER`` is ``/bin/sh -c 'printf ... >&2; exec "$@"' poprun-instance``: it reports the
-instance's pid as the first line of its stderr (poprun strips it) and then *becomes* the
-program, so the program's argv is untouched and its pid is the one reported.
+``WRAPPER`` is ``/bin/sh -c '<FIFOs>; printf ... >&2; exec "$@"' poprun-instance``: on
+poprun's own host it points the instance's stdout and stderr at poprun's FIFOs
+(:mod:`poprun.direct_output`), it reports the instance's pid as the first line of its stderr
+(poprun strips it) and then *becomes* the program, so the program's argv is untouched and
+its pid is the one reported.
 
 On one host, poprun pins Open MPI to shared memory (``pml ob1``, ``btl self,vader,tcp``):
 Open MPI's default selection probes UCX and libfabric first, which costs about 0.2 s in
@@ -43,10 +45,16 @@ from poprun.topology import Topology
 
 #: The first line each instance writes to its stderr, before exec'ing the program.
 PID_MARKER = b"\x1fpoprun-pid="
+#: Where poprun made FIFOs for this instance (``poprun.direct_output``), the wrapper points
+#: its stdout and stderr at them; everywhere else mpirun forwards them.
+_DIRECT = (
+    'd=$POPRUN_DIRECT_OUTPUT; unset POPRUN_DIRECT_OUTPUT; f="$d/$POPDIST_INSTANCE_INDEX"; '
+    'if [ -n "$d" ] && [ -p "$f.stderr" ]; then exec >"$f.stdout" 2>"$f.stderr"; fi; '
+)
 WRAPPER: tuple[str, ...] = (
     "/bin/sh",
     "-c",
-    'printf "\\037poprun-pid=%d\\n" "$$" >&2; exec "$@"',
+    _DIRECT + 'printf "\\037poprun-pid=%d\\n" "$$" >&2; exec "$@"',
     "poprun-instance",
 )
 _BINDING_FLAGS = frozenset({"--bind-to", "-bind-to"})

@@ -334,9 +334,14 @@ class InstanceStream:
             return
         head = prefix(self.instance, self.kind)
         if plain:
-            out = text[:-1].replace(b"\n", b"\n" + head) + b"\n"
+            # Every \n gets the prefix after it, and the last one's is cut off by a view:
+            # a flood's bytes are copied once, by the replace.
             if not self._mid_line:
-                out = head + out
+                self.console.write(head)
+            out = text.replace(b"\n", b"\n" + head)
+            self._mid_line = False
+            self.console.write(memoryview(out)[: len(out) - len(head)])
+            return
         else:
             # A bare carriage return (progress bars start with one) needs no prefix.
             out = b"".join(

@@ -23,9 +23,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol
 
 from poprun import log
 from poprun.config import RunConfig
+from poprun.direct_output import DirectOutput, enlarge_pipe
 from poprun.hosts import is_local
 from poprun.job_output import JobOutput
 from poprun.outcome import RunResult, decide
@@ -48,6 +50,14 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Job control: Ctrl-Z stops the instances with poprun, ``fg``/``bg`` continues them.
 _JOB_CONTROL = (signal.SIGTSTP, signal.SIGCONT)
 PR_SET_PDEATHSIG = 1
+
+
+class Feed(Protocol):
+    """Where the bytes read from one of the job's pipes go (a tag demultiplexer or a FIFO's)."""
+
+    def feed(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def supervise(
@@ -102,7 +112,7 @@ def _signals_recorded(
 
 def _start_mpirun(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     """mpirun in its own session (Ctrl-C on one poprun never reaches another job)."""
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         argv,
         env=env,
         stdout=subprocess.PIPE,
@@ -110,6 +120,10 @@ def _start_mpirun(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Pop
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )
+    for pipe in (proc.stdout, proc.stderr):
+        assert pipe is not None
+        enlarge_pipe(pipe.fileno())
+    return proc
 
 
 def _send(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -156,6 +170,7 @@ class Supervisor:
         self._pidfds: dict[int, int] = {}  # pidfd -> instance (local instances only)
         self._exited_at_abort: list[int] | None = None
         self._mpirun_killed = False
+        self.direct: DirectOutput | None = None
         remote = any(not is_local(plan.host) for plan in topology.instances)
         self.grace_s = REMOTE_GRACE_S if remote else GRACE_S
 
@@ -169,10 +184,12 @@ class Supervisor:
         wake_w.setblocking(False)
         self.procs.start()
         started = time.monotonic()
+        local = [p.index for p in self.topology.instances if is_local(p.host)]
         try:
+            self.direct = DirectOutput(local, self.output.on_instance)
             with _signals_recorded(wake_w, self._signals, self._job_control):
                 try:
-                    proc = _start_mpirun(self.argv, self.env)
+                    proc = _start_mpirun(self.argv, {**self.env, **self.direct.env()})
                 except OSError as error:
                     return self._result(None, launch_error=str(error))
                 log.info(f"Waiting for mpirun (PID {proc.pid})")
@@ -181,6 +198,8 @@ class Supervisor:
         finally:
             wake_r.close()
             wake_w.close()
+            if self.direct is not None:
+                self.direct.close()
             self.output.close()
         return self._result(returncode)
 
@@ -223,15 +242,17 @@ class Supervisor:
 
     def _loop(self, proc: subprocess.Popen[bytes], wake: socket.socket, started: float) -> int:
         assert proc.stdout is not None and proc.stderr is not None
-        demux = {
+        assert self.direct is not None
+        demux: dict[int, Feed] = {
             pipe.fileno(): TagDemux(self.output.on_instance, self.output.on_untagged)
             for pipe in (proc.stdout, proc.stderr)
         }
+        for pipe in (proc.stdout, proc.stderr):
+            os.set_blocking(pipe.fileno(), False)
+        demux.update(self.direct.feeds)
         pidfd = os.pidfd_open(proc.pid)
         selector = self._selector = selectors.DefaultSelector()
         for fd in (*demux, pidfd, wake.fileno()):
-            if fd in demux:
-                os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ)
         deadline = started + self.config.timeout if self.config.timeout else None
         returncode: int | None = None
@@ -248,6 +269,8 @@ class Supervisor:
                         selector.unregister(pidfd)
                         drain_until = time.monotonic() + DRAIN_S
                         self.procs.kill_left_behind(keep=set())  # they may hold the pipes open
+                        for fd in list(self.direct.feeds):  # a FIFO no instance opened
+                            self._on_ready(fd, demux, wake)  # reads as closed: done
                     else:
                         self._on_ready(key.fd, demux, wake)
                 sys.stdout.flush()
@@ -273,9 +296,7 @@ class Supervisor:
             self._finish(proc, demux, pidfd)
         return returncode
 
-    def _finish(
-        self, proc: subprocess.Popen[bytes], demux: dict[int, TagDemux], pidfd: int
-    ) -> None:
+    def _finish(self, proc: subprocess.Popen[bytes], demux: dict[int, Feed], pidfd: int) -> None:
         """Close the output, reap what is left of the job, remove a killed mpirun's files."""
         assert proc.stdout is not None and proc.stderr is not None
         for parser in demux.values():
@@ -293,7 +314,7 @@ class Supervisor:
         if self._mpirun_killed:
             self.procs.remove_session_files(self.env)
 
-    def _on_ready(self, fd: int, demux: dict[int, TagDemux], wake: socket.socket) -> None:
+    def _on_ready(self, fd: int, demux: dict[int, Feed], wake: socket.socket) -> None:
         """One ready descriptor: an instance's pidfd, the signal wake-up, or an output pipe."""
         assert self._selector is not None
         if fd in self._pidfds:
@@ -305,14 +326,16 @@ class Supervisor:
                 wake.recv(64)
         else:
             try:
-                data = os.read(fd, 65536)
+                data = os.read(fd, 1 << 20)
             except BlockingIOError:
                 return
             if data:
                 demux[fd].feed(data)
-            else:
-                demux.pop(fd).close()
-                self._selector.unregister(fd)
+                return
+            demux.pop(fd).close()
+            self._selector.unregister(fd)
+            if self.direct is not None:
+                self.direct.close_fd(fd)
 
     # --- ending the job -----------------------------------------------------------------------
 
