@@ -107,7 +107,6 @@ def run(
     from poprun import config as cfg
     from poprun.devices import check_pool, device_pool
     from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
-    from poprun.hosts import is_local
     from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
     from poprun.topology import render
 
@@ -148,14 +147,25 @@ def run(
     if config.dry_run:
         sys.stdout.write(quote(argv) + "\n")
         return 0
+    return _launch(config, topology, argv, mpirun_environment(config, environ))
+
+
+def _launch(config: RunConfig, topology: Topology, argv: list[str], env: dict[str, str]) -> int:
+    """The ssh check (its connections kept for mpirun), then the supervised job."""
+    from poprun.hosts import is_local
+    from poprun.supervisor import supervise
+
     remote = [host for host in topology.hosts if not is_local(host)]
+    shared = None
     if remote and config.ssh_check:
         from poprun import reach
 
-        reach.check(remote, config.global_args(), environ)
-    from poprun.supervisor import supervise
-
-    return supervise(config, topology, argv, mpirun_environment(config, environ))
+        shared = reach.check(remote, config.global_args(), env)
+    try:
+        return supervise(config, topology, argv, {**env, **(shared.env() if shared else {})})
+    finally:
+        if shared is not None:
+            shared.close()
 
 
 def _configure(

@@ -7,6 +7,15 @@ was unable to reliably start one or more daemons", without the host. poprun firs
 same agent Open MPI will use, so the same keys and ssh configuration) and names the first
 host that fails, before anything is launched. ``--ssh-check=no`` skips it.
 
+The check's connections are not thrown away: each becomes an ssh master (``ControlMaster``,
+socket in a private directory) and mpirun's agent becomes ``AGENT -o ControlPath=...`` in
+its environment (:meth:`SharedConnections.env`), so Open MPI's daemons start over the
+connection the check opened instead of a second handshake: the check costs no launch time.
+Not done when ``--mca plm_rsh_agent`` in the mpirun args chose the agent (it outranks the
+environment) or the agent sets a ``ControlPath`` itself. poprun closes the masters when the
+job ends (``ssh -O exit``); one left by a killed poprun exits after :data:`PERSIST_S` idle
+seconds.
+
 Skipped by itself inside a Slurm allocation, where Open MPI starts its daemons through
 ``srun``, not ssh (and when ``plm`` names a launcher other than ``rsh``). Under PBS the check
 runs: Open MPI uses ssh there unless it was built with PBS's TM interface (Debian's is not).
@@ -17,16 +26,21 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from poprun.errors import PoprunError
 
 #: ssh's own connection time-out, and how much longer the whole check may take.
 CONNECT_TIMEOUT_S = 5
 _SLACK_S = 3.0
+#: How long a master connection outlives its last use (when poprun could not close it).
+PERSIST_S = 15
 #: Variables that mean Open MPI launches through Slurm's srun, not ssh.
 SCHEDULER_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
 
@@ -99,23 +113,67 @@ def unreachable(
     return [(host, failed[host]) for host in hosts if host in failed]
 
 
-def check(hosts: Sequence[str], global_args: Sequence[str], environ: Mapping[str, str]) -> None:
-    """Raise a :class:`PoprunError` naming the first remote host ssh cannot reach."""
+@dataclass
+class SharedConnections:
+    """The check's ssh connections, kept open as masters for mpirun's daemons to reuse."""
+
+    command: list[str]
+    hosts: Sequence[str]
+    directory: str
+
+    def option(self) -> list[str]:
+        return ["-o", f"ControlPath={self.directory}/%C"]
+
+    def env(self) -> dict[str, str]:
+        """mpirun's environment: its launch agent goes through the masters."""
+        return {"OMPI_MCA_plm_rsh_agent": shlex.join([*self.command, *self.option()])}
+
+    def close(self) -> None:
+        """Stop every master (``ssh -O exit``) and remove their directory."""
+        for host in self.hosts:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(
+                    [*self.command, *self.option(), "-O", "exit", host],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=CONNECT_TIMEOUT_S,
+                )
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def check(
+    hosts: Sequence[str], global_args: Sequence[str], environ: Mapping[str, str]
+) -> SharedConnections | None:
+    """Raise a :class:`PoprunError` naming the first remote host ssh cannot reach.
+
+    The connections stay open for mpirun where its agent can be given through the
+    environment: the caller passes :meth:`SharedConnections.env` to mpirun and closes them.
+    """
     if not hosts or launched_by_scheduler(environ, global_args):
-        return
+        return None
     command = agent(global_args, environ)
     if command is None:
-        return
+        return None
+    shown = " ".join(shlex.quote(a) for a in [*command, "-o", "BatchMode=yes"])
+    shared = None
+    # An agent given by --mca in the mpirun args outranks the environment mpirun gets.
+    by_mca = _mca(global_args, "plm_rsh_agent", "")
+    if not by_mca and not any("ControlPath" in word for word in command):
+        shared = SharedConnections(command, hosts, tempfile.mkdtemp(prefix="poprun-ssh-"))
+        masters = [*shared.option(), "-o", "ControlMaster=auto"]
+        command = [*command, *masters, "-o", f"ControlPersist={PERSIST_S}"]
     bad = unreachable(hosts, command)
     if not bad:
-        return
+        return shared
+    if shared is not None:
+        shared.close()
     host, why = bad[0]
     others = f" (also unreachable: {', '.join(h for h, _ in bad[1:])})" if bad[1:] else ""
-    shown = " ".join(shlex.quote(a) for a in [*command, "-o", "BatchMode=yes", host, "true"])
     raise PoprunError(
         "--host",
         host,
-        f"cannot be reached by ssh: `{shown}` failed: {why}{others}",
+        f"cannot be reached by ssh: `{shown} {shlex.quote(host)} true` failed: {why}{others}",
         "check the host name, that sshd runs there and that key login works without a "
         "password; or pass --ssh-check=no to let mpirun try anyway",
     )

@@ -288,3 +288,25 @@ def test_the_launch_host_by_address_is_local(clean_hosts: Hosts, tmp_path: Path)
     )  # fmt: skip
     assert done.returncode == 0, done.stdout
     assert [v["host"] for v in views(tmp_path)] == ["h1", "h2"]
+
+
+def test_mpirun_starts_its_daemons_over_the_checks_connections(clean_hosts: Hosts) -> None:
+    """The ssh check's connections stay open as masters for Open MPI's agent, then close."""
+    probe = (
+        'if [ "$POPDIST_INSTANCE_INDEX" = 0 ]; then '
+        "$OMPI_MCA_plm_rsh_agent -O check h2 && echo MASTER=$OMPI_MCA_plm_rsh_agent; fi"
+    )
+    done = poprun_on(
+        clean_hosts, "--num-instances", "2", "--num-replicas", "2", "-H", "h1,h2",
+        "/bin/sh", "-c", probe,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    assert "Master running" in done.stdout, done.stdout
+    agent = next(line for line in done.stdout.splitlines() if "MASTER=" in line)
+    directory = agent.split("ControlPath=", 1)[1].rsplit("/", 1)[0]
+    assert not Path(directory).exists()  # the masters were stopped and their sockets removed
+    skipped = poprun_on(
+        clean_hosts, "--num-instances", "2", "--num-replicas", "2", "-H", "h1,h2",
+        "--ssh-check", "no", "/bin/sh", "-c", probe,
+    )  # fmt: skip
+    assert "MASTER=" not in skipped.stdout  # no check, no masters: Open MPI's own ssh
