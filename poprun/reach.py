@@ -39,8 +39,10 @@ from poprun.errors import PoprunError
 #: ssh's own connection time-out, and how much longer the whole check may take.
 CONNECT_TIMEOUT_S = 5
 _SLACK_S = 3.0
-#: How long a master connection outlives its last use (when poprun could not close it).
-PERSIST_S = 15
+#: How long a master connection outlives its last use: it must bridge the moment from the
+#: check to mpirun's first ssh (if it does not, ssh just connects anew), and it is how long
+#: one outlives a SIGKILLed poprun.
+PERSIST_S = 3
 #: Variables that mean Open MPI launches through Slurm's srun, not ssh.
 SCHEDULER_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
 
