@@ -17,24 +17,16 @@ from pathlib import Path
 import torch
 
 import popdist
-import popdist.poptorch
 import popdist_torch as poptorch
 from popdist_torch.checkpoint import resume_checkpoint, save_checkpoint
-from tests.bin.ckpt_resume import Net, batches, data
+from tests.bin.ckpt_resume import batches, setup
 
 STEPS, KILL_AT = 11, 5  # the kill falls mid-epoch (6 steps per epoch)
 
 
 def main() -> None:
     phase, directory = sys.argv[1], Path(sys.argv[2])
-    popdist.init()
-    torch.manual_seed(0)
-    model = Net()
-    opts = popdist.poptorch.Options()
-    opts.randomSeed(42)
-    opts.deviceIterations(2)
-    optimizer = poptorch.optim.AdamW(model.parameters(), lr=0.01)
-    loader = poptorch.DataLoader(opts, data(), batch_size=2, shuffle=True)
+    model, opts, optimizer, loader = setup()
     ckpt = directory / "ckpt.pt"
     start = 0
     if phase == "restart":

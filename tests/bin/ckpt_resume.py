@@ -44,8 +44,8 @@ def batches(loader: Any) -> Iterator[Any]:
         yield from loader  # every pass is a new epoch
 
 
-def main() -> None:
-    phase, directory = sys.argv[1], Path(sys.argv[2])
+def setup() -> tuple[Net, Any, Any, Any]:
+    """``popdist.init()``, then the model, options, optimizer and loader both scripts train."""
     popdist.init()
     torch.manual_seed(0)
     model = Net()
@@ -54,6 +54,12 @@ def main() -> None:
     opts.deviceIterations(2)
     optimizer = poptorch.optim.AdamW(model.parameters(), lr=0.01)
     loader = poptorch.DataLoader(opts, data(), batch_size=2, shuffle=True)
+    return model, opts, optimizer, loader
+
+
+def main() -> None:
+    phase, directory = sys.argv[1], Path(sys.argv[2])
+    model, opts, optimizer, loader = setup()
     assert loader.combinedBatchSize == 2 * 2 * opts.replication_factor
     if phase == "resume":
         state = load_checkpoint(
