@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.multihost.hosts import reap_children
+
 ROOT = Path(__file__).resolve().parent.parent
 GUARDED_PREFIXES = ("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_")
 PR_SET_CHILD_SUBREAPER = 36
@@ -61,16 +63,6 @@ def descendants(pid: int | None = None) -> list[int]:
             seen.append(child)
         stack.extend(_children(child))
     return seen
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _cmdline(pid: int) -> str:
@@ -130,7 +122,7 @@ def _no_surviving_children(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     deadline = time.monotonic() + SURVIVOR_GRACE_S
     while True:
-        _reap()
+        reap_children()
         survivors = [p for p in descendants() if p not in known]
         if not survivors or time.monotonic() > deadline:
             break
@@ -140,5 +132,5 @@ def _no_surviving_children(request: pytest.FixtureRequest) -> Iterator[None]:
         for pid in survivors:  # by pid only: never a broad name
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        _reap()
+        reap_children()
         pytest.fail(f"test left child processes running: {described}")

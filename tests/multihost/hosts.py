@@ -105,12 +105,13 @@ def _kill_namespace(namespace: str) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        _reap_children()
+        reap_children()
         time.sleep(0.02)
     subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
 
 
-def _reap_children() -> None:
+def reap_children() -> None:
+    """Collect every exited child of this process (without blocking)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -274,8 +275,8 @@ class Hosts:
             pidfile = self.state / host / "sshd.pid"
             while not pidfile.exists():  # sshd writes it once it listens
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    log = (self.state / host / "start.log").read_text(errors="replace")
-                    raise RuntimeError(f"sshd on {host} did not start: {log.strip()}")
+                    text = (self.state / host / "start.log").read_text(errors="replace")
+                    raise RuntimeError(f"sshd on {host} did not start: {text.strip()}")
                 time.sleep(0.01)
         with ThreadPoolExecutor(len(self.names)) as pool:
             checks = list(pool.map(self._check, self.names))
@@ -343,7 +344,7 @@ class Hosts:
         """Wait up to ``within`` s for every host to hold only its sshd; return what is left."""
         deadline = time.monotonic() + within
         while True:
-            _reap_children()
+            reap_children()
             left = self.leftovers()
             if not left or time.monotonic() > deadline:
                 return left
@@ -356,7 +357,7 @@ class Hosts:
                 if pid != self.sshd_pid(host):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-        _reap_children()
+        reap_children()
 
     # --- teardown -----------------------------------------------------------------------------
 
