@@ -18,6 +18,7 @@ from typing import Any
 from torch.utils.hooks import RemovableHandle
 
 from popdist_torch._async import Prefetcher
+from popdist_torch.errors import PopdistTorchError
 from popdist_torch.options import UnsupportedOptionError
 
 __all__ = [
@@ -98,8 +99,11 @@ def setLogLevel(level: str | int) -> None:
     log.setLevel(LOG_LEVELS[name])
 
 
-class Error(RuntimeError):
-    """PopTorch's base error (raised by its compiler); here so ``except poptorch.Error`` works."""
+class Error(PopdistTorchError, RuntimeError):
+    """PopTorch's base error (raised by its compiler); here so ``except poptorch.Error`` works.
+
+    It sits under the package's one root, :class:`PopdistTorchError`, like every other error here.
+    """
 
 
 class RecoverableError(Error):

@@ -79,3 +79,61 @@ def test_the_pipeline_is_entered_only_through_its_package() -> None:
             ]
     assert reach_ins == []
     assert (ROOT / "popdist_torch" / "pipeline" / "__init__.py").is_file()
+
+
+ERROR_ROOTS = {
+    "poprun": "poprun.errors.PoprunError",
+    "popdist": "popdist.env.PopdistError",
+    "popdist_torch": "popdist_torch.errors.PopdistTorchError",
+}
+
+
+def _public_exceptions(package: str) -> list[type[Exception]]:
+    import importlib
+    import inspect
+
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        module_name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        module_name = module_name.removesuffix(".__init__").removesuffix(".__main__")
+        if path.name == "__main__.py":
+            continue
+        module = importlib.import_module(module_name)
+        for name, value in vars(module).items():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, Exception)
+                and value.__module__ == module.__name__
+                and not name.startswith("_")
+            ):
+                found.append(value)
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_error_sits_under_its_package_root(package: str) -> None:
+    """One ``except`` catches everything a package raises on purpose (issue 15)."""
+    import importlib
+
+    module_name, _, root_name = ERROR_ROOTS[package].rpartition(".")
+    root = getattr(importlib.import_module(module_name), root_name)
+    errors = _public_exceptions(package)
+    assert root in errors
+    strays = [f"{e.__module__}.{e.__qualname__}" for e in errors if not issubclass(e, root)]
+    assert strays == []
+
+
+def test_popdist_torch_reads_the_run_only_through_popdist() -> None:
+    """No ``POPDIST_*``/``OMPI_*``/``PMI*`` name is read from the environment in the executor."""
+    readers = []
+    for path, tree in _modules():
+        if path.parts[0] != "popdist_torch":
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith(("POPDIST_", "OMPI_", "PMI_", "PMIX_"))
+            ):
+                readers.append(f"{path}:{node.lineno} {node.value}")
+    assert readers == []
