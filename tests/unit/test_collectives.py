@@ -151,3 +151,66 @@ def test_only_the_backend_modules_import_a_collectives_library() -> None:
     }
     assert {p for p in importers if p.parent != seam or p in shared} == set()
     assert Path("popdist_torch/collectives/horovod.py") in importers
+
+
+def test_nap_until_naps_a_growing_fraction_of_the_wait_and_stops_when_done() -> None:
+    from popdist_torch.collectives.horovod import MAX_NAP_S, MIN_NAP_S, NAP_FRACTION, nap_until
+
+    now = [0.0]
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        now[0] += seconds
+
+    nap_until(lambda: now[0] >= 0.5, clock=lambda: now[0], sleep=sleep)
+    assert naps[0] == MIN_NAP_S
+    assert naps == sorted(naps)
+    assert max(naps) == MAX_NAP_S
+    assert all(
+        n <= max(MIN_NAP_S, (sum(naps[:i]) * NAP_FRACTION)) + 1e-12 for i, n in enumerate(naps)
+    )
+    assert now[0] - 0.5 < MAX_NAP_S  # the overshoot is one nap at most
+    assert len(naps) < 400  # Horovod's own loop wakes about 9 000 times in 0.5 s
+
+    naps.clear()
+    nap_until(lambda: True, clock=lambda: now[0], sleep=sleep)
+    assert naps == []
+
+
+def test_horovod_waits_with_naps_only_for_long_allreduces(monkeypatch: pytest.MonkeyPatch) -> None:
+    from popdist_torch.collectives import horovod
+
+    calls: list[tuple[str, int]] = []
+
+    class FakeHvd:
+        Sum, Average = "sum", "average"
+        handles = iter(range(100))
+
+        def allreduce_async_(self, tensor: torch.Tensor, name: str, op: str) -> int:
+            return next(self.handles)
+
+        def poll(self, handle: int) -> bool:
+            calls.append(("poll", handle))
+            return sum(1 for c in calls if c == ("poll", handle)) > 2
+
+        def synchronize(self, handle: int) -> None:
+            calls.append(("synchronize", handle))
+
+    monkeypatch.setattr(horovod.time, "sleep", lambda s: calls.append(("sleep", 0)))
+    backend = horovod.HorovodCollectives()
+    backend._hvd = FakeHvd()  # type: ignore[assignment]
+    small = backend.allreduce_async_(torch.zeros(4))
+    long = backend.allreduce_async_(torch.zeros(horovod.LONG_WAIT_BYTES // 4))
+    backend.wait(small)
+    assert calls == [("synchronize", small)]
+    calls.clear()
+    backend.wait(long)
+    assert calls == [
+        ("poll", long),
+        ("sleep", 0),
+        ("poll", long),
+        ("sleep", 0),
+        ("poll", long),
+        ("synchronize", long),
+    ]
