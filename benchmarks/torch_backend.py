@@ -6,9 +6,10 @@ Two parts, each side by side in interleaved rounds (every case once per round, r
 order; a ratio is taken within a round, then the median over rounds):
 
 - the executor's gradient path (``GradientReducer`` over one parameter of the size, 2
-  poprun instances) with ``--backend torch`` (gloo here) against the same path with
-  ``--backend horovod`` and against raw mpi4py ``MPI.Allreduce`` on torch's memory, at
-  16-256 MB (``benchmarks/allreduce_worker.py``);
+  poprun instances) with ``--backend torch`` (CPU buckets over its MPI lane, the default)
+  against the same path with ``--backend horovod`` and against raw mpi4py ``MPI.Allreduce``
+  on torch's memory, at 16-256 MB (``benchmarks/allreduce_worker.py``); the torch backend
+  with ``POPDIST_TORCH_CPU_ALLREDUCE=gloo`` (gloo over TCP) is shown beside them;
 - MLP training, 2 instances x 1 replica x 64, ``poprun --backend torch`` against
   ``torchrun`` + DDP (gloo) on the same model and batches, and against ``--backend
   horovod`` (``benchmarks/training_throughput.py``'s workers).
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import DOCS, ROOT, interleave, table, write_doc
 
 WORKER = ROOT / "benchmarks" / "allreduce_worker.py"
-PATHS = ("torch", "horovod", "mpi4py")
+PATHS = ("torch", "torch-gloo", "horovod", "mpi4py")
 TRAINING = ("popdist-2x1-torch", "ddp-2", "popdist-2x1")
 _CLEARED = ("THP_MEM_ALLOC_ENABLE", "NUMPY_MADVISE_HUGEPAGE", "OMP_NUM_THREADS")
 
@@ -49,9 +50,13 @@ def allreduce_seconds(path: str, sizes: list[int]) -> dict[int, float]:
     }
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    backend = "torch" if path == "torch" else "horovod"
+    if path == "torch-gloo":
+        env["POPDIST_TORCH_CPU_ALLREDUCE"] = "gloo"
+    backend = "torch" if path.startswith("torch") else "horovod"
     argv = [sys.executable, "-m", "poprun", "--num-instances", "2", "--num-replicas", "2"]
-    argv += ["--backend", backend, sys.executable, str(WORKER), "--backend", path]
+    argv += ["--backend", backend, sys.executable, str(WORKER), "--backend", backend]
+    if path == "mpi4py":
+        argv[-1] = "mpi4py"
     argv += ["--sizes", ",".join(map(str, sizes))]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     if proc.returncode:
@@ -93,7 +98,8 @@ def _allreduce(rounds: int, sizes: list[int]) -> tuple[dict[str, Any], str]:
         )
     header = [
         "size",
-        "gradient path, --backend torch (gloo)",
+        "gradient path, --backend torch",
+        "same, POPDIST_TORCH_CPU_ALLREDUCE=gloo",
         "gradient path, --backend horovod",
         "mpi4py Allreduce",
         "torch / Horovod (≥ 0.9)",

@@ -511,6 +511,9 @@ OMP_NUM_THREADS = "OMP_NUM_THREADS"
 TORCH_TIMEOUT = "POPDIST_TORCH_TIMEOUT"
 #: ... when ``POPDIST_TORCH_TIMEOUT`` is unset (torch's own default is 30 minutes).
 DEFAULT_TORCH_TIMEOUT_S = 600.0
+#: How the torch backend reduces CPU gradients: ``mpi`` (the default) or ``gloo``.
+TORCH_CPU_ALLREDUCE = "POPDIST_TORCH_CPU_ALLREDUCE"
+TORCH_CPU_ALLREDUCE_CHOICES = ("mpi", "gloo")
 
 
 def read_process(
@@ -553,6 +556,20 @@ def read_compute_threads(environ: Mapping[str, str] | None = None) -> int | None
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     )
     return max(1, cores // local)
+
+
+def read_torch_cpu_allreduce(environ: Mapping[str, str] | None = None) -> str:
+    """``POPDIST_TORCH_CPU_ALLREDUCE`` (set by the user): ``mpi`` (default) or ``gloo``."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(TORCH_CPU_ALLREDUCE, "").strip()
+    if not raw:
+        return TORCH_CPU_ALLREDUCE_CHOICES[0]
+    if raw.lower() not in TORCH_CPU_ALLREDUCE_CHOICES:
+        raise PopdistError(
+            f"{TORCH_CPU_ALLREDUCE}={raw!r} must be one of "
+            f"{', '.join(TORCH_CPU_ALLREDUCE_CHOICES)}; unset it for the default (mpi)"
+        )
+    return raw.lower()
 
 
 def read_torch_timeout(environ: Mapping[str, str] | None = None) -> float:

@@ -66,8 +66,16 @@ def run_job(
 
 
 def run_mpi(
-    np: int, args: list[str], *, timeout: float = 240, backend: str | None = None
+    np: int,
+    args: list[str],
+    *,
+    timeout: float = 240,
+    backend: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``mpirun -np N python ARGS`` as a job; ``backend`` goes in ``POPDIST_BACKEND``."""
-    env = job_env() if backend is None else job_env(POPDIST_BACKEND=backend)
+    extra = dict(env or {})
+    if backend is not None:
+        extra["POPDIST_BACKEND"] = backend
+    env = job_env(**extra)
     return run_job(mpirun_argv(np, sys.executable, *args), env=env, timeout=timeout)

@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 
-from popdist.env import RunView, read_run, read_torch_timeout
+from popdist.env import RunView, read_run, read_torch_cpu_allreduce, read_torch_timeout
 from popdist_torch.collectives.base import Collectives, Handle
+from popdist_torch.collectives.mpilane import MpiLane
 from popdist_torch.errors import CollectiveError
 
 __all__ = [
@@ -171,7 +172,7 @@ class _Bucket:
         self.tensors.append(tensor)
         self.nbytes += tensor.numel() * tensor.element_size()
 
-    def launch(self) -> None:
+    def launch(self, lane: MpiLane | None) -> None:
         import torch.distributed as dist
 
         if len(self.tensors) == 1 and self.tensors[0].is_contiguous():
@@ -179,7 +180,10 @@ class _Bucket:
         else:
             self.flat = torch.cat([t.reshape(-1) for t in self.tensors])
             target = self.flat
-        self.work = dist.all_reduce(target, async_op=True)
+        if lane is not None and lane.takes(target):
+            self.work = lane.submit(target)
+        else:
+            self.work = dist.all_reduce(target, async_op=True)
 
     def complete(self, size: int) -> None:
         if self.done:
@@ -221,11 +225,17 @@ class TorchCollectives(Collectives):
         self._launched_since_wait = False
         self._open: _Bucket | None = None
         self._size = 1
+        self._lane: MpiLane | None = None
 
     @property
     def process_group_backend(self) -> str | None:
         """``gloo`` or ``cpu:gloo,cuda:nccl`` once started, else ``None``."""
         return self._backend
+
+    @property
+    def cpu_allreduce(self) -> str:
+        """What reduces CPU gradient buckets: ``mpi`` (the lane) or ``gloo``."""
+        return "mpi" if self._lane is not None else "gloo"
 
     def start(self) -> None:
         """Initialise torch.distributed, or join the default group someone else started."""
@@ -238,6 +248,8 @@ class TorchCollectives(Collectives):
         else:
             self._backend = _start(read_run())
         self._size = self.size()
+        if self._size > 1 and read_torch_cpu_allreduce() == "mpi":
+            self._lane = MpiLane.for_world()
 
     def is_started(self) -> bool:
         dist = sys.modules.get("torch.distributed")
@@ -251,6 +263,9 @@ class TorchCollectives(Collectives):
     def shutdown(self) -> None:
         started = self.is_started()
         self._backend, self._open = None, None
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.close()
         if started:
             import torch.distributed as dist
 
@@ -288,7 +303,7 @@ class TorchCollectives(Collectives):
     def _flush(self) -> None:
         bucket, self._open = self._open, None
         if bucket is not None:
-            bucket.launch()
+            bucket.launch(self._lane)
             self._launched_since_wait = True
 
     def wait(self, handle: Handle) -> None:

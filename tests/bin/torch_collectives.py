@@ -27,13 +27,14 @@ def main() -> None:
         torch.full((5,), int(r), dtype=torch.int64),  # dtype change: a new bucket
         torch.full((40,), r),  # 160 bytes: larger than a bucket, reduced in place
         torch.full((4, 4), r).t(),  # non-contiguous
+        torch.full((3,), r, dtype=torch.bfloat16),  # no MPI dtype: gloo even beside the lane
     ]
     handles = [c.allreduce_async_(t) for t in tensors]
     averaged = torch.full((6,), r)
     handles.append(c.allreduce_async_(averaged, average=True))
     for handle in reversed(handles):  # waiting out of order is fine
         c.wait(handle)
-    want = [3.0, 3.0, 3, 3.0, 3.0]
+    want = [3.0, 3.0, 3, 3.0, 3.0, 3.0]
     problems = [
         f"tensor {i}: {t.flatten().tolist()[:3]} != {w}"
         for i, (t, w) in enumerate(zip(tensors, want, strict=True))
@@ -55,6 +56,8 @@ def main() -> None:
     c.barrier()
     if size != 2:
         problems.append(f"size {size}")
+    print(f"CPU allreduce {rank}: {c.cpu_allreduce}", flush=True)
+    c.shutdown()  # stops the MPI lane's thread and frees its communicator
     print(f"FAIL {rank}: {problems}" if problems else f"OK {rank}", flush=True)
     sys.exit(1 if problems else 0)
 

@@ -95,6 +95,86 @@ def test_the_timeout_variable() -> None:
             env.read_torch_timeout({"POPDIST_TORCH_TIMEOUT": bad})
 
 
+def test_the_cpu_allreduce_variable() -> None:
+    assert env.read_torch_cpu_allreduce({}) == "mpi"
+    assert env.read_torch_cpu_allreduce({"POPDIST_TORCH_CPU_ALLREDUCE": " Gloo "}) == "gloo"
+    with pytest.raises(PopdistError, match=r"POPDIST_TORCH_CPU_ALLREDUCE='nccl'.*mpi, gloo"):
+        env.read_torch_cpu_allreduce({"POPDIST_TORCH_CPU_ALLREDUCE": "nccl"})
+
+
+class _FakeComm:
+    """A communicator of one rank that doubles what it reduces, recording the order."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.reduced: list[int] = []
+        self.freed = False
+        self.fail_on = fail_on
+
+    def Dup(self) -> _FakeComm:
+        return self
+
+    def Allreduce(self, where: object, buffer: object, op: object) -> None:
+        import numpy as np
+
+        assert where == "IN_PLACE" and op == "SUM" and isinstance(buffer, np.ndarray)
+        if self.fail_on is not None and len(self.reduced) == self.fail_on:
+            raise RuntimeError("MPI_ERR_TRUNCATE")
+        self.reduced.append(int(buffer.size))
+        buffer *= 2
+
+    def Free(self) -> None:
+        self.freed = True
+
+
+class _FakeMPI:
+    IN_PLACE, SUM = "IN_PLACE", "SUM"
+
+    @staticmethod
+    def Is_finalized() -> bool:
+        return False
+
+
+def test_the_mpi_lane_reduces_in_place_in_submission_order_and_stops() -> None:
+    import torch
+
+    from popdist_torch.collectives.mpilane import MpiLane
+
+    comm = _FakeComm()
+    lane = MpiLane(comm, _FakeMPI)
+    tensors = [torch.ones(n) for n in (3, 1, 7)]
+    works = [lane.submit(t) for t in tensors]
+    for work in reversed(works):
+        work.wait()
+    assert comm.reduced == [3, 1, 7]
+    assert all(bool((t == 2).all()) for t in tensors)
+    lane.close()
+    assert comm.freed
+    assert MpiLane.takes(torch.ones(2))
+    assert not MpiLane.takes(torch.ones(2, dtype=torch.bfloat16))
+
+
+def test_a_failed_mpi_allreduce_is_a_collective_error_for_its_waiter() -> None:
+    import torch
+
+    from popdist_torch.collectives.mpilane import MpiLane
+    from popdist_torch.errors import CollectiveError
+
+    lane = MpiLane(_FakeComm(fail_on=1), _FakeMPI)
+    first, second = lane.submit(torch.ones(2)), lane.submit(torch.ones(5))
+    first.wait()
+    with pytest.raises(CollectiveError, match=r"\(5,\) torch.float32 .*MPI_ERR_TRUNCATE"):
+        second.wait()
+    lane.close()
+
+
+def test_no_lane_without_an_mpi_job_already_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    from popdist_torch.collectives.mpilane import MpiLane
+
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    assert MpiLane.for_world() is None  # and MPI was not started to find out
+    assert "mpi4py.MPI" not in sys.modules
+
+
 SINGLE = """
 import sys, torch, popdist
 from popdist import backend
