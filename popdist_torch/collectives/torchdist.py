@@ -25,6 +25,10 @@ than a bucket is reduced in place, without a copy. Every instance reduces the sa
 gradients in the same order (the same model and autograd graph), which is what a
 torch.distributed collective needs; Horovod instead negotiates by name.
 
+CPU buckets of an MPI dtype are reduced over MPI by an :class:`~popdist_torch.collectives.
+mpilane.MpiLane` when the run has several instances (gloo's TCP reached 0.28-0.76 of
+``MPI_Allreduce`` on one host; see that module), unless ``POPDIST_TORCH_CPU_ALLREDUCE=gloo``.
+
 Horovod is never imported here; torch.distributed and mpi4py only by :meth:`start`.
 """
 
