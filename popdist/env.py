@@ -514,6 +514,9 @@ DEFAULT_TORCH_TIMEOUT_S = 600.0
 #: How the torch backend reduces CPU gradients: ``mpi`` (the default) or ``gloo``.
 TORCH_CPU_ALLREDUCE = "POPDIST_TORCH_CPU_ALLREDUCE"
 TORCH_CPU_ALLREDUCE_CHOICES = ("mpi", "gloo")
+#: The ``POPDIST_*`` variables the *user* sets (tuning, not the run's shape): poprun passes
+#: them to the instances as they are, where it replaces every other ``POPDIST_*``.
+USER_TUNING = frozenset({TORCH_TIMEOUT, TORCH_CPU_ALLREDUCE})
 
 
 def read_process(

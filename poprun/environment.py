@@ -60,7 +60,9 @@ def forwarded_names(environ: Mapping[str, str]) -> list[str]:
     return sorted(
         name
         for name in environ
-        if _NAME.match(name) and name not in DENY_NAMES and not name.startswith(DENY_PREFIXES)
+        if _NAME.match(name)
+        and name not in DENY_NAMES
+        and (not name.startswith(DENY_PREFIXES) or name in contract.USER_TUNING)
     )
 
 
@@ -95,6 +97,10 @@ def instance_values(
 
 def mpirun_environment(config: RunConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """mpirun's own environment: the user's, plus the shared values it exports by name."""
-    env = {k: v for k, v in environ.items() if not k.startswith("POPDIST_")}
+    env = {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith("POPDIST_") or k in contract.USER_TUNING
+    }
     env.update(shared_values(config))
     return env

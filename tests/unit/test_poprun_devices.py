@@ -103,3 +103,24 @@ def test_the_cli_exits_2_on_a_short_pool_and_launches_nothing(
     lines = err.getvalue().strip().splitlines()
     assert len(lines) == 1 and "CUDA_VISIBLE_DEVICES=3" in lines[0] and "fix:" in lines[0]
     assert not (tmp_path / "CALLED").exists()
+
+
+def test_the_users_popdist_tuning_variables_reach_the_instances_and_no_other() -> None:
+    """A stale contract variable is dropped; POPDIST_TORCH_* tuning is the user's to pass."""
+    from poprun.environment import mpirun_environment
+
+    environ = {
+        "POPDIST_NUM_INSTANCES": "9",
+        "POPDIST_TORCH_TIMEOUT": "77",
+        "POPDIST_TORCH_CPU_ALLREDUCE": "gloo",
+        "MY_VAR": "1",
+    }
+    assert forwarded_names(environ) == [
+        "MY_VAR",
+        "POPDIST_TORCH_CPU_ALLREDUCE",
+        "POPDIST_TORCH_TIMEOUT",
+    ]
+    config = cfg.build({"num_replicas": "2", "num_instances": "2"}, ("/bin/true",), environ)
+    env = mpirun_environment(config, environ)
+    assert env["POPDIST_TORCH_TIMEOUT"] == "77" and env["POPDIST_TORCH_CPU_ALLREDUCE"] == "gloo"
+    assert "POPDIST_NUM_INSTANCES" not in env
