@@ -10,7 +10,8 @@ finds instance 0's store over it), so the torch backend reduces its CPU buckets 
 the order they were launched, on a communicator of its own (``COMM_WORLD.Dup()``, so no
 message of the program's own MPI calls can match one of these). mpi4py releases the GIL for
 the call, so the reduction overlaps the rest of the backward pass, as gloo's worker threads
-do; a waiter blocks on an event, it does not poll.
+do; a waiter blocks on an event, it does not poll. A waiter whose work is the newest and
+not yet started runs it itself (:meth:`MpiLane.run_here`).
 
 ``POPDIST_TORCH_CPU_ALLREDUCE=gloo`` keeps every CPU collective on gloo. CUDA tensors always
 go to NCCL, and the rest of the torch backend (broadcasts, allgathers, barriers, and a
@@ -37,8 +38,9 @@ MPI_DTYPES = frozenset({torch.float32, torch.float64, torch.int32, torch.int64})
 class MpiWork:
     """One bucket's allreduce on the lane: ``wait`` returns when it is done."""
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
+    def __init__(self, lane: MpiLane, tensor: torch.Tensor, seq: int) -> None:
+        self.lane, self.tensor, self.seq = lane, tensor, seq
+        self.claimed = False  # by the lane's thread or by a waiter (under the lane's lock)
         self.error: BaseException | None = None
         self._done = threading.Event()
 
@@ -47,6 +49,8 @@ class MpiWork:
         self._done.set()
 
     def wait(self) -> None:
+        if not self._done.is_set():
+            self.lane.run_here(self)
         self._done.wait()
         if self.error is not None:
             raise CollectiveError(
@@ -68,6 +72,8 @@ class MpiLane:
         self._comm = comm.Dup()  # collective: every instance builds its lane at start-up
         self._queue: queue.SimpleQueue[MpiWork | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._submitted = self._finished = 0  # sequence numbers: works run in this order
 
     @classmethod
     def for_world(cls) -> MpiLane | None:
@@ -98,19 +104,45 @@ class MpiLane:
                 target=self._run, name="popdist-torch-mpi-allreduce", daemon=True
             )
             self._thread.start()
-        work = MpiWork(tensor)
+        with self._lock:
+            self._submitted += 1
+            work = MpiWork(self, tensor, self._submitted)
         self._queue.put(work)
         return work
 
+    def run_here(self, work: MpiWork) -> None:
+        """Run ``work`` on the calling (waiting) thread if that keeps the order.
+
+        When the waiter wants the newest work and every earlier one has finished, the
+        thread has nothing to run before it: running it here saves two thread hand-offs
+        (about 0.4 ms of a 16 MB allreduce when MPI yields its core while idle). Otherwise
+        the thread runs it, in order.
+        """
+        with self._lock:
+            mine = (
+                not work.claimed and work.seq == self._submitted and self._finished == work.seq - 1
+            )
+            work.claimed = work.claimed or mine
+        if mine:
+            self._reduce(work)
+
     def _run(self) -> None:
         while (work := self._queue.get()) is not None:
-            try:
-                buffer = work.tensor.detach().numpy()
-                self._comm.Allreduce(self._mpi.IN_PLACE, buffer, op=self._mpi.SUM)
-            except BaseException as exc:  # handed to the waiter
-                work.finish(exc)
-            else:
-                work.finish(None)
+            with self._lock:
+                mine, work.claimed = not work.claimed, True
+            if mine:
+                self._reduce(work)
+
+    def _reduce(self, work: MpiWork) -> None:
+        error: BaseException | None = None
+        try:
+            buffer = work.tensor.detach().numpy()
+            self._comm.Allreduce(self._mpi.IN_PLACE, buffer, op=self._mpi.SUM)
+        except BaseException as exc:  # handed to the waiter
+            error = exc
+        with self._lock:
+            self._finished = work.seq
+        work.finish(error)
 
     def close(self) -> None:
         """Finish the queued allreduces, stop the thread and free the communicator."""

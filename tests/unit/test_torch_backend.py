@@ -153,6 +153,40 @@ def test_the_mpi_lane_reduces_in_place_in_submission_order_and_stops() -> None:
     assert not MpiLane.takes(torch.ones(2, dtype=torch.bfloat16))
 
 
+def test_a_waiter_runs_the_newest_unstarted_work_itself_and_the_lane_skips_it() -> None:
+    import threading
+
+    import torch
+
+    from popdist_torch.collectives.mpilane import MpiLane
+
+    threads: list[int] = []
+
+    class Comm(_FakeComm):
+        def Allreduce(self, where: object, buffer: object, op: object) -> None:
+            threads.append(threading.get_ident())
+            super().Allreduce(where, buffer, op)
+
+    comm = Comm()
+    lane = MpiLane(comm, _FakeMPI)
+    gate = threading.Event()
+    run = lane._run
+    lane._run = lambda: (gate.wait(), run())[1]  # type: ignore[method-assign]
+    first = torch.ones(4)
+    release = threading.Timer(5.0, gate.set)  # without run_here the thread runs it, late
+    release.start()
+    lane.submit(first).wait()  # the thread is held at the gate: the waiter runs it
+    release.cancel()
+    assert threads == [threading.get_ident()] and bool((first == 2).all())
+    gate.set()
+    queued = [torch.ones(2), torch.ones(3)]
+    works = [lane.submit(t) for t in queued]
+    works[1].wait()
+    works[0].wait()
+    assert comm.reduced == [4, 2, 3]  # in submission order, and the first only once
+    lane.close()
+
+
 def test_a_failed_mpi_allreduce_is_a_collective_error_for_its_waiter() -> None:
     import torch
 
