@@ -13,8 +13,9 @@ Only the implementations of this interface import a backend (Horovod, torch.dist
 from __future__ import annotations
 
 import abc
+import contextlib
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -69,11 +70,22 @@ class Collectives(abc.ABC):
     def wait(self, handle: Handle) -> None:
         """Block until the collective ``handle`` stands for has finished."""
 
+    @contextlib.contextmanager
+    def waited_next(self) -> Iterator[None]:
+        """A hint: the collectives started in this block are waited for right after it.
+
+        A backend with a communication thread may then leave them to the waiter instead of
+        waking the thread (the torch backend's MPI lane does). The default does nothing.
+        """
+        yield
+
     def allreduce_(
         self, tensor: torch.Tensor, *, average: bool = False, name: str | None = None
     ) -> torch.Tensor:
         """Reduce ``tensor`` in place over all instances and return it."""
-        self.wait(self.allreduce_async_(tensor, average=average, name=name))
+        with self.waited_next():
+            handle = self.allreduce_async_(tensor, average=average, name=name)
+        self.wait(handle)
         return tensor
 
     @abc.abstractmethod
@@ -101,19 +113,27 @@ class Collectives(abc.ABC):
         for name, tensor in named:
             self.broadcast_(tensor, root=root, name=name)
 
-    def broadcast_optimizer_state(self, optimizer: torch.optim.Optimizer, *, root: int = 0) -> None:
-        """Give every instance ``optimizer``'s state and hyper-parameters from ``root``."""
+    def broadcast_object(self, obj: Any, *, root: int = 0) -> Any:
+        """Instance ``root``'s ``obj`` (anything ``torch.save`` takes) on every instance."""
         if self.rank() == root:
             buffer = io.BytesIO()
-            torch.save(optimizer.state_dict(), buffer)
+            torch.save(obj, buffer)
             payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
             length = torch.tensor([payload.numel()], dtype=torch.int64)
         else:
             length = torch.zeros(1, dtype=torch.int64)
-        self.broadcast_(length, root=root, name="popdist_torch.optimizer_state.length")
+        self.broadcast_(length, root=root, name="popdist_torch.object.length")
         if self.rank() != root:
             payload = torch.empty(int(length.item()), dtype=torch.uint8)
-        self.broadcast_(payload, root=root, name="popdist_torch.optimizer_state")
+        self.broadcast_(payload, root=root, name="popdist_torch.object")
+        if self.rank() == root:
+            return obj
+        return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+
+    def broadcast_optimizer_state(self, optimizer: torch.optim.Optimizer, *, root: int = 0) -> None:
+        """Give every instance ``optimizer``'s state and hyper-parameters from ``root``."""
+        state = self.broadcast_object(
+            optimizer.state_dict() if self.rank() == root else None, root=root
+        )
         if self.rank() != root:
-            state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
             optimizer.load_state_dict(state)

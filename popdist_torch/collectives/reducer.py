@@ -68,11 +68,12 @@ class GradientReducer:
     def finish(self) -> None:
         """Reduce what the hooks did not (unused parameters get zeros) and wait for all."""
         self._armed = False
-        for name, param in self._params:
-            if name not in self._handles:
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-                self._launch(name, param.grad)
+        with self._collectives.waited_next():
+            for name, param in self._params:
+                if name not in self._handles:
+                    if param.grad is None:
+                        param.grad = torch.zeros_like(param)
+                    self._launch(name, param.grad)
         for handle in self._handles.values():
             self._collectives.wait(handle)
         self._handles.clear()

@@ -34,8 +34,9 @@ Horovod is never imported here; torch.distributed and mpi4py only by :meth:`star
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -176,7 +177,7 @@ class _Bucket:
         self.tensors.append(tensor)
         self.nbytes += tensor.numel() * tensor.element_size()
 
-    def launch(self, lane: MpiLane | None) -> None:
+    def launch(self, lane: MpiLane | None, *, wake: bool = True) -> None:
         import torch.distributed as dist
 
         if len(self.tensors) == 1 and self.tensors[0].is_contiguous():
@@ -185,7 +186,7 @@ class _Bucket:
             self.flat = torch.cat([t.reshape(-1) for t in self.tensors])
             target = self.flat
         if lane is not None and lane.takes(target):
-            self.work = lane.submit(target)
+            self.work = lane.submit(target, wake=wake)
         else:
             self.work = dist.all_reduce(target, async_op=True)
 
@@ -230,6 +231,7 @@ class TorchCollectives(Collectives):
         self._open: _Bucket | None = None
         self._size = 1
         self._lane: MpiLane | None = None
+        self._wake_lane = True  # False inside waited_next(): the waiter runs the work
 
     @property
     def process_group_backend(self) -> str | None:
@@ -304,17 +306,27 @@ class TorchCollectives(Collectives):
             self._flush()
         return bucket
 
-    def _flush(self) -> None:
+    @contextlib.contextmanager
+    def waited_next(self) -> Iterator[None]:
+        """Buckets launched in the block do not wake the MPI lane's thread: the waiter runs
+        them itself when it can (:meth:`~popdist_torch.collectives.mpilane.MpiLane.run_here`)."""
+        before, self._wake_lane = self._wake_lane, False
+        try:
+            yield
+        finally:
+            self._wake_lane = before
+
+    def _flush(self, *, wake: bool | None = None) -> None:
         bucket, self._open = self._open, None
         if bucket is not None:
-            bucket.launch(self._lane)
+            bucket.launch(self._lane, wake=self._wake_lane if wake is None else wake)
             self._launched_since_wait = True
 
     def wait(self, handle: Handle) -> None:
         if not isinstance(handle, _Bucket):
             raise CollectiveError(f"wait({handle!r}): not a handle of the torch backend")
         if handle.work is None:
-            self._flush()  # it is the open bucket: launch it (and anything before it ran)
+            self._flush(wake=False)  # the open bucket: launched here, waited for at once
         handle.complete(self._size)
         self._launched_since_wait = False  # the next allreduce starts a new pass
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -184,6 +185,32 @@ def test_a_waiter_runs_the_newest_unstarted_work_itself_and_the_lane_skips_it() 
     works[1].wait()
     works[0].wait()
     assert comm.reduced == [4, 2, 3]  # in submission order, and the first only once
+    lane.close()
+
+
+def test_works_queued_without_a_wake_up_run_in_order_when_waited_for() -> None:
+    import threading
+
+    import torch
+
+    from popdist_torch.collectives.mpilane import MpiLane
+
+    ran_on: list[tuple[int, int]] = []
+
+    class Comm(_FakeComm):
+        def Allreduce(self, where: object, buffer: Any, op: object) -> None:
+            ran_on.append((int(buffer.size), threading.get_ident()))
+            super().Allreduce(where, buffer, op)
+
+    lane = MpiLane(Comm(), _FakeMPI)
+    me = threading.get_ident()
+    lane.submit(torch.ones(1), wake=False).wait()  # the newest, nothing before it: run here
+    assert ran_on == [(1, me)]
+    earlier, newest = lane.submit(torch.ones(2), wake=False), lane.submit(torch.ones(3), wake=False)
+    earlier.wait()  # not the newest: the waiter wakes the thread, which runs both, in order
+    newest.wait()
+    assert [n for n, _ in ran_on] == [1, 2, 3]
+    assert all(thread != me for _, thread in ran_on[1:])
     lane.close()
 
 
