@@ -25,7 +25,7 @@ class PopdistEnvironment(ClusterEnvironment):
 
     @property
     def main_address(self) -> str:
-        """Unused (Horovod, not ``torch.distributed``, connects the instances)."""
+        """Unused (popdist's collectives backend connects the instances)."""
         return "127.0.0.1"
 
     @property

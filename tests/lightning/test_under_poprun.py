@@ -23,13 +23,15 @@ SCRIPT = str(ROOT / "tests/lightning/bin/fit_under_poprun.py")
 MICRO, INSTANCES, REPLICAS = 2, 2, 4
 
 
-def poprun_fit(out: Path, *args: str, timeout: float = 300) -> str:
+def poprun_fit(out: Path, *args: str, timeout: float = 300, backend: str = "horovod") -> str:
     done = run_job(
         poprun_argv(
             "--num-instances",
             str(INSTANCES),
             "--num-replicas",
             str(REPLICAS),
+            "--backend",
+            backend,
             sys.executable,
             SCRIPT,
             str(out),
@@ -46,11 +48,14 @@ def results(out: Path) -> list[dict]:
     return [torch.load(out / f"result.{rank}.pt") for rank in range(INSTANCES)]
 
 
-@pytest.mark.parametrize(("device_iterations", "accumulation"), [(2, 1), (1, 2)])
+@pytest.mark.parametrize(
+    ("device_iterations", "accumulation", "backend"), [(2, 1, "horovod"), (1, 2, "torch")]
+)
 def test_two_instances_of_two_replicas_train_like_the_cpu_trainer(
-    device_iterations: int, accumulation: int, tmp_path: Path
+    device_iterations: int, accumulation: int, backend: str, tmp_path: Path
 ) -> None:
-    poprun_fit(tmp_path, str(device_iterations), str(accumulation))
+    """On either collectives backend: Lightning's reduce, broadcast and barrier go through it."""
+    poprun_fit(tmp_path, str(device_iterations), str(accumulation), backend=backend)
     reference = cpu_reference(REPLICAS, MICRO, accumulation, epochs=2).state_dict()
     got = results(tmp_path)
     for rank, result in enumerate(got):

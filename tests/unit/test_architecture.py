@@ -1,8 +1,8 @@
 """The code's shape (issue 15): small functions and classes, no private name crossing a module.
 
-Checked on the launcher, library and executor packages by reading their source, so a change that
-grows a function past the limit, or reaches into another module's private names, fails here
-with the place to fix.
+Checked on the launcher, library, executor and Lightning packages by reading their source,
+so a change that grows a function past the limit, or reaches into another module's private
+names, fails here with the place to fix.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.jobs import ROOT
 
 pytestmark = pytest.mark.unit
 
-PACKAGES = ("poprun", "popdist", "popdist_torch")
+PACKAGES = ("poprun", "popdist", "popdist_torch", "popdist_lightning")
 MAX_FUNCTION_LINES = 60
 MAX_CLASS_LINES = 250
 
@@ -85,6 +85,7 @@ ERROR_ROOTS = {
     "poprun": "poprun.errors.PoprunError",
     "popdist": "popdist.env.PopdistError",
     "popdist_torch": "popdist_torch.errors.PopdistTorchError",
+    "popdist_lightning": "popdist_lightning.errors.IPUStrategyError",
 }
 
 
@@ -115,6 +116,8 @@ def test_every_error_sits_under_its_package_root(package: str) -> None:
     """One ``except`` catches everything a package raises on purpose (issue 15)."""
     import importlib
 
+    if package == "popdist_lightning":
+        pytest.importorskip("lightning", reason="popdist_lightning is the [lightning] extra")
     module_name, _, root_name = ERROR_ROOTS[package].rpartition(".")
     root = getattr(importlib.import_module(module_name), root_name)
     errors = _public_exceptions(package)
