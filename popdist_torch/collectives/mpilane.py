@@ -13,9 +13,10 @@ the call, so the reduction overlaps the rest of the backward pass, as gloo's wor
 do; a waiter blocks on an event, it does not poll. A waiter whose work is the newest and
 not yet started runs it itself (:meth:`MpiLane.run_here`).
 
-``POPDIST_TORCH_CPU_ALLREDUCE=gloo`` keeps every CPU collective on gloo. CUDA tensors always
-go to NCCL, and the rest of the torch backend (broadcasts, allgathers, barriers, and a
-program's own ``torch.distributed`` calls) stays on the process group.
+The user can keep every CPU collective on gloo (:func:`popdist.env.read_torch_cpu_allreduce`
+reads the choice). CUDA tensors always go to NCCL, and the rest of the torch backend
+(broadcasts, allgathers, barriers, and a program's own ``torch.distributed`` calls) stays on
+the process group.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ torch.distributed collective needs; Horovod instead negotiates by name.
 
 CPU buckets of an MPI dtype are reduced over MPI by an :class:`~popdist_torch.collectives.
 mpilane.MpiLane` when the run has several instances (gloo's TCP reached 0.28-0.76 of
-``MPI_Allreduce`` on one host; see that module), unless ``POPDIST_TORCH_CPU_ALLREDUCE=gloo``.
+``MPI_Allreduce`` on one host; see that module), unless the user chose gloo
+(:func:`popdist.env.read_torch_cpu_allreduce`).
 
 Horovod is never imported here; torch.distributed and mpi4py only by :meth:`start`.
 """
