@@ -120,7 +120,7 @@ def allreduce_once(hosts: Hosts, backend: str, env: dict[str, str]) -> dict[int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="launch rounds")
-    parser.add_argument("--allreduce-rounds", type=int, default=3)
+    parser.add_argument("--allreduce-rounds", type=int, default=5)
     args = parser.parse_args()
     reason = unavailable()
     if reason is not None:
@@ -182,8 +182,9 @@ def main() -> int:
             "the TCP path between namespaces, not a real network. Both hosts share this "
             "machine's cores, so each host's threads compete with the other host's: "
             "Horovod's two busy threads per instance (the background thread in MPI, the "
-            "training thread waiting on it) against raw MPI's one. The machine's load "
-            "average (first line) counts the other jobs it ran meanwhile.",
+            "training thread waiting on it) against raw MPI's one; for 32 MB and more the "
+            "waiting thread naps instead of polling (`popdist_torch/collectives/horovod.py`). "
+            "The machine's load average (first line) counts the other jobs it ran meanwhile.",
             f"### Launch + start the backend, 2 hosts (median of {args.rounds} interleaved rounds)",
             table(
                 ["launcher", "wall time"],

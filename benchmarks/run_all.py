@@ -81,7 +81,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         ),
         # Across two namespace hosts with sshd (needs root; elsewhere it says why and skips).
         "multihost": (
-            [PY, str(here / "multihost.py"), "--rounds", "7", "--allreduce-rounds", "3"],
+            [PY, str(here / "multihost.py"), "--rounds", "7", "--allreduce-rounds", "5"],
             900,
             "multihost-benchmark",
         ),
