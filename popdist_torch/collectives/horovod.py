@@ -18,15 +18,17 @@ restored). Measured with 2 instances on 2 cores: a 1 MB allreduce +13 %, 4 MB +7
 
 Waiting is the other side. ``hvd.synchronize`` polls its handle every 100 ns of requested
 sleep, about 18 000 wake-ups a second, and each one takes the core from the thread that
-moves the data. That is harmless for the few milliseconds most waits last. A wait for a
-tensor of :data:`LONG_WAIT_BYTES` or more can take 100 ms and longer across hosts, and
-there the wake-ups halved the throughput in some runs (256 MB between two namespace hosts
-on 2 cores: 0.46-1.18 GB/s, against raw MPI's 1.0). For those, :meth:`~HorovodCollectives.wait`
+moves the data. That is harmless for the few milliseconds most waits last on one host.
+Across hosts an allreduce of 16 MB takes about 15 ms and one of 256 MB 300 ms, and there
+the wake-ups cost up to half the throughput in some runs (two namespace hosts on 2 cores:
+16 MB 0.20-1.08 and 256 MB 0.46-1.18 of raw MPI's bandwidth). So when the instances span
+hosts, :meth:`~HorovodCollectives.wait` for an allreduce of :data:`LONG_WAIT_BYTES` or more
 first naps until the handle is done, each nap :data:`NAP_FRACTION` of the time waited so far
 (at most :data:`MAX_NAP_S`), so a wait overshoots by at most that fraction; then it calls
-``synchronize``, which returns at once (same runs: 0.98-1.13 GB/s). Smaller tensors wait
-as before: on one host, naps cost a 16 MB allreduce 18 % (4 interleaved rounds, 2
-instances of ``benchmarks/allreduce_worker.py``).
+``synchronize``, which returns at once (256 MB across hosts: 0.98-1.13 GB/s against raw
+MPI's 1.0). On one host every wait is Horovod's own: there naps cost a 16 MB allreduce 18 %
+and gained nothing at 64 and 256 MB (interleaved A/B rounds of 2 instances of
+``benchmarks/allreduce_worker.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from types import ModuleType
 
 import torch
 
+from popdist.env import read_run
 from popdist_torch.collectives.base import Collectives, Handle
 from popdist_torch.errors import CollectiveError
 
@@ -64,7 +67,8 @@ TIMER_SLACK_NS = 1000
 _PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 
 #: An allreduce of at least this many bytes is waited for with naps, not Horovod's poll loop.
-LONG_WAIT_BYTES = 32 << 20
+#: Across hosts, an allreduce of at least this many bytes is waited for with naps.
+LONG_WAIT_BYTES = 4 << 20
 #: Each nap is this fraction of the time waited so far: the most a wait overshoots by.
 NAP_FRACTION = 0.05
 #: The shortest and the longest nap, in seconds.
@@ -124,7 +128,8 @@ class HorovodCollectives(Collectives):
 
     def __init__(self) -> None:
         self._hvd: ModuleType | None = None
-        self._long_waits: set[int] = set()  # handles of allreduces of LONG_WAIT_BYTES or more
+        self._long_waits: set[int] = set()  # handles of allreduces waited for with naps
+        self._long_wait_bytes: int | None = None  # None: one host, Horovod's waits only
 
     @property
     def hvd(self) -> ModuleType:
@@ -141,6 +146,9 @@ class HorovodCollectives(Collectives):
         with _timer_slack(TIMER_SLACK_NS):
             hvd.init()
         self._hvd = hvd
+        run = read_run()
+        across_hosts = run.num_local_instances < run.num_instances
+        self._long_wait_bytes = LONG_WAIT_BYTES if across_hosts else None
 
     def is_started(self) -> bool:
         return self._hvd is not None and bool(self._hvd.is_initialized())
@@ -162,7 +170,8 @@ class HorovodCollectives(Collectives):
     ) -> Handle:
         hvd = self.hvd
         handle = hvd.allreduce_async_(tensor, name=name, op=hvd.Average if average else hvd.Sum)
-        if tensor.numel() * tensor.element_size() >= LONG_WAIT_BYTES:
+        limit = self._long_wait_bytes
+        if limit is not None and tensor.numel() * tensor.element_size() >= limit:
             self._long_waits.add(handle)
         return handle
 

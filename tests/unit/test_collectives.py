@@ -178,7 +178,9 @@ def test_nap_until_naps_a_growing_fraction_of_the_wait_and_stops_when_done() -> 
     assert naps == []
 
 
-def test_horovod_waits_with_naps_only_for_long_allreduces(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_across_hosts_horovod_waits_with_naps_only_for_long_allreduces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from popdist_torch.collectives import horovod
 
     calls: list[tuple[str, int]] = []
@@ -200,6 +202,7 @@ def test_horovod_waits_with_naps_only_for_long_allreduces(monkeypatch: pytest.Mo
     monkeypatch.setattr(horovod.time, "sleep", lambda s: calls.append(("sleep", 0)))
     backend = horovod.HorovodCollectives()
     backend._hvd = FakeHvd()  # type: ignore[assignment]
+    backend._long_wait_bytes = horovod.LONG_WAIT_BYTES  # as start() sets it across hosts
     small = backend.allreduce_async_(torch.zeros(4))
     long = backend.allreduce_async_(torch.zeros(horovod.LONG_WAIT_BYTES // 4))
     backend.wait(small)
@@ -214,3 +217,36 @@ def test_horovod_waits_with_naps_only_for_long_allreduces(monkeypatch: pytest.Mo
         ("poll", long),
         ("synchronize", long),
     ]
+
+
+@pytest.mark.parametrize("local", [1, 2])
+def test_horovod_naps_only_when_the_instances_span_hosts(
+    monkeypatch: pytest.MonkeyPatch, local: int
+) -> None:
+    from popdist.env import RunView
+    from popdist_torch.collectives import horovod
+
+    class FakeHvd:
+        Sum = Average = "op"
+        handles = iter(range(100))
+
+        def init(self) -> None: ...
+
+        def is_initialized(self) -> bool:
+            return False
+
+        def allreduce_async_(self, tensor: torch.Tensor, name: str, op: str) -> int:
+            return next(self.handles)
+
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "1")  # start() sets it only when unset
+    monkeypatch.setattr(horovod, "_import_horovod", FakeHvd)
+    monkeypatch.setattr(
+        horovod, "read_run", lambda: RunView(num_instances=2, num_local_instances=local)
+    )
+    backend = horovod.HorovodCollectives()
+    backend.start()
+    below = backend.allreduce_async_(torch.zeros(horovod.LONG_WAIT_BYTES // 4 - 1))
+    at = backend.allreduce_async_(torch.zeros(horovod.LONG_WAIT_BYTES // 4))
+    big = backend.allreduce_async_(torch.zeros(8 * horovod.LONG_WAIT_BYTES // 4))
+    assert below not in backend._long_waits
+    assert backend._long_waits == ({at, big} if local == 1 else set())
