@@ -182,8 +182,8 @@ def main() -> int:
             "the TCP path between namespaces, not a real network. Both hosts share this "
             "machine's cores, so each host's threads compete with the other host's: "
             "Horovod's two busy threads per instance (the background thread in MPI, the "
-            "training thread waiting on it) against raw MPI's one; for 32 MB and more the "
-            "waiting thread naps instead of polling (`popdist_torch/collectives/horovod.py`). "
+            "training thread waiting on it) against raw MPI's one; from 4 MB the waiting "
+            "thread naps instead of polling (`popdist_torch/collectives/horovod.py`). "
             "The machine's load average (first line) counts the other jobs it ran meanwhile.",
             f"### Launch + start the backend, 2 hosts (median of {args.rounds} interleaved rounds)",
             table(
