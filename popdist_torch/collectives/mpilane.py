@@ -42,10 +42,10 @@ class MpiWork:
     def __init__(self, lane: MpiLane, tensor: torch.Tensor, seq: int) -> None:
         self.lane, self.tensor, self.seq = lane, tensor, seq
         self.claimed = False  # by the lane's thread or by a waiter (under the lane's lock)
-        self.error: BaseException | None = None
+        self.error: Exception | None = None
         self._done = threading.Event()
 
-    def finish(self, error: BaseException | None) -> None:
+    def finish(self, error: Exception | None) -> None:
         self.error = error
         self._done.set()
 
@@ -157,15 +157,16 @@ class MpiLane:
             self._reduce(work)
 
     def _reduce(self, work: MpiWork) -> None:
-        error: BaseException | None = None
+        error: Exception | None = None
         try:
             buffer = work.tensor.detach().numpy()
             self._comm.Allreduce(self._mpi.IN_PLACE, buffer, op=self._mpi.SUM)
-        except BaseException as exc:  # handed to the waiter
+        except Exception as exc:  # handed to the waiter
             error = exc
-        with self._cond:
-            self._finished = work.seq
-        work.finish(error)
+        finally:  # a Ctrl-C in an inline run goes on up, from the waiter's own call
+            with self._cond:
+                self._finished = work.seq
+            work.finish(error)
 
     def close(self) -> None:
         """Finish the queued allreduces, stop the thread and free the communicator."""
