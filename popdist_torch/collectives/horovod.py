@@ -66,7 +66,6 @@ CYCLE_TIME_MS = "0.1"
 TIMER_SLACK_NS = 1000
 _PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 
-#: An allreduce of at least this many bytes is waited for with naps, not Horovod's poll loop.
 #: Across hosts, an allreduce of at least this many bytes is waited for with naps.
 LONG_WAIT_BYTES = 4 << 20
 #: Each nap is this fraction of the time waited so far: the most a wait overshoots by.
