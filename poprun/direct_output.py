@@ -20,9 +20,10 @@ import contextlib
 import fcntl
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from poprun import leftovers
 
 #: The environment variable with the FIFOs' directory (``<dir>/<instance>.<stdout|stderr>``).
 ENV = "POPRUN_DIRECT_OUTPUT"
@@ -56,7 +57,7 @@ class DirectOutput:
     """The FIFOs of this host's instances, open for reading before mpirun starts."""
 
     def __init__(self, instances: Iterable[int], on_instance: Callable[[int, str, bytes], None]):
-        self.directory = tempfile.mkdtemp(prefix="poprun-output-")
+        self.directory = leftovers.private_dir("poprun-output-")
         #: Read end (non-blocking) -> its feed; an fd leaves when :meth:`close_fd` closes it.
         self.feeds: dict[int, DirectFeed] = {}
         try:

@@ -164,3 +164,51 @@ def remove_session_files(mpirun_pid: int, env: Mapping[str, str], segments: set[
                 os.unlink(path)
                 removed.append(path)
     return removed
+
+
+#: The prefixes of poprun's private directories: its FIFOs' and its ssh masters'.
+PRIVATE_PREFIXES = ("poprun-output-", "poprun-ssh-")
+
+
+def private_dir(prefix: str) -> str:
+    """A new private directory ``$TMPDIR/<prefix><poprun's pid>-<random>``.
+
+    A poprun killed by SIGKILL cannot remove its directories; the next poprun of the same
+    user does: first it removes every ``<one of PRIVATE_PREFIXES><pid>-*`` directory it owns
+    whose pid no longer runs (a pid that runs again as another process keeps its
+    directory: nothing of a live process is touched).
+    """
+    assert prefix in PRIVATE_PREFIXES, prefix
+    base = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            pid = _owner_pid(entry)
+            if pid is not None and not _running(pid):
+                shutil.rmtree(entry.path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
+
+
+def _owner_pid(entry: os.DirEntry[str]) -> int | None:
+    """The pid in a ``<prefix><pid>-*`` directory of poprun's of this user's, else None."""
+    prefix = next((p for p in PRIVATE_PREFIXES if entry.name.startswith(p)), None)
+    if prefix is None:
+        return None
+    digits = entry.name[len(prefix) :].partition("-")[0]
+    try:
+        if not digits.isdigit() or not entry.is_dir(follow_symlinks=False):
+            return None
+        if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+            return None
+    except OSError:
+        return None
+    return int(digits)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -29,11 +29,11 @@ import shlex
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from poprun import leftovers
 from poprun.errors import PoprunError
 
 #: ssh's own connection time-out, and how much longer the whole check may take.
@@ -162,7 +162,7 @@ def check(
     # An agent given by --mca in the mpirun args outranks the environment mpirun gets.
     by_mca = _mca(global_args, "plm_rsh_agent", "")
     if not by_mca and not any("ControlPath" in word for word in command):
-        shared = SharedConnections(command, hosts, tempfile.mkdtemp(prefix="poprun-ssh-"))
+        shared = SharedConnections(command, hosts, leftovers.private_dir("poprun-ssh-"))
         masters = [*shared.option(), "-o", "ControlMaster=auto"]
         command = [*command, *masters, "-o", f"ControlPersist={PERSIST_S}"]
     bad = unreachable(hosts, command)

@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,8 @@ def test_time_out_ends_the_job_on_every_host(clean_hosts: Hosts) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_a_signal_to_poprun_leaves_nothing_on_any_host(clean_hosts: Hosts, signum: int) -> None:
+    private = Path(tempfile.gettempdir())
+    before = set(private.glob("poprun-*-*"))
     proc = start_on(
         clean_hosts,
         "--num-instances", "4", "--num-replicas", "4", "-H", "h1,h2",
@@ -193,6 +196,13 @@ def test_a_signal_to_poprun_leaves_nothing_on_any_host(clean_hosts: Hosts, signu
         assert f"received {signal.Signals(signum).name}" in rest
     left = clean_hosts.wait_clean(within=10.0)
     assert left == {}, left
+    stale = set(private.glob("poprun-*-*")) - before
+    if signum == signal.SIGKILL:  # its FIFOs' and ssh masters' directories: the next poprun's
+        assert stale, "a SIGKILLed poprun left no directory: the check below checks nothing"
+        done = run_job(poprun_argv("--num-instances", "1", "--num-replicas", "1", "true"))
+        assert done.returncode == 0, done.stdout
+        stale = {path for path in stale if path.exists()}
+    assert stale == set()
 
 
 @pytest.mark.parametrize(

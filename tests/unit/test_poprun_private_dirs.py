@@ -1,0 +1,41 @@
+"""poprun's private directories (FIFOs, ssh masters) outlive a SIGKILLed poprun only until
+the next poprun of the same user, which removes those whose poprun is gone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from poprun import leftovers
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_dead_popruns_directory_is_removed_and_a_live_ones_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead_pid = int(gone.stdout)
+    dead = tmp_path / f"poprun-output-{dead_pid}-abc"
+    live = tmp_path / f"poprun-output-{os.getppid()}-def"  # pytest's parent runs
+    other = tmp_path / "poprun-output-notapid"
+    for path in (dead, live, other):
+        path.mkdir()
+        (path / "0.stdout").touch()
+    made = Path(leftovers.private_dir("poprun-output-"))
+    assert not dead.exists()
+    assert live.exists() and other.exists()
+    assert made.parent == tmp_path and made.name.startswith(f"poprun-output-{os.getpid()}-")
+    assert made.stat().st_mode & 0o777 == 0o700
+    # the other kind of poprun directory is swept too (a run may make only one kind)
+    stale_ssh = tmp_path / f"poprun-ssh-{dead_pid}-x"
+    stale_ssh.mkdir()
+    leftovers.private_dir("poprun-output-")
+    assert not stale_ssh.exists()
