@@ -63,13 +63,18 @@ def _state(pid: int) -> str:
         return ""
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, or a process gone, does not)."""
+    return _state(pid) not in ("", "Z", "X")
+
+
 def _tree(roots: list[int]) -> list[int]:
     """``roots`` and all their descendants, live ones only (no zombies), parents first."""
     seen: list[int] = []
     stack = list(roots)
     while stack:
         pid = stack.pop()
-        if pid in seen or _state(pid) in ("", "Z", "X"):
+        if pid in seen or not alive(pid):
             continue
         seen.append(pid)
         stack.extend(children(pid))
@@ -183,7 +188,7 @@ def private_dir(prefix: str) -> str:
     with contextlib.suppress(OSError):
         for entry in os.scandir(base):
             pid = _owner_pid(entry)
-            if pid is not None and not _running(pid):
+            if pid is not None and not alive(pid):
                 shutil.rmtree(entry.path, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
 
@@ -202,13 +207,3 @@ def _owner_pid(entry: os.DirEntry[str]) -> int | None:
     except OSError:
         return None
     return int(digits)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -26,16 +26,6 @@ from poprun.topology import Topology
 ORPHAN_GRACE_S = 2.0
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, or a process gone, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
-
-
 class JobProcesses:
     """The local processes of one run of mpirun, and what was done to them."""
 
@@ -78,14 +68,14 @@ class JobProcesses:
             pid = self.pids.get(plan.index)
             if plan.index in self.exited:
                 continue
-            if pid is None or not is_local(plan.host) or alive(pid):
+            if pid is None or not is_local(plan.host) or leftovers.alive(pid):
                 running.append(plan.index)
         return running
 
     def signal_instances(self, signum: int) -> None:
         """Signal, by pid, every live instance on this host (mpirun then ends the job)."""
         for pid in self.local_pids():
-            if alive(pid):
+            if leftovers.alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
 
