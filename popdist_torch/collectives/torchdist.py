@@ -317,17 +317,18 @@ class TorchCollectives(Collectives):
         finally:
             self._wake_lane = before
 
-    def _flush(self, *, wake: bool | None = None) -> None:
+    def _flush(self) -> None:
         bucket, self._open = self._open, None
         if bucket is not None:
-            bucket.launch(self._lane, wake=self._wake_lane if wake is None else wake)
+            bucket.launch(self._lane, wake=self._wake_lane)
             self._launched_since_wait = True
 
     def wait(self, handle: Handle) -> None:
         if not isinstance(handle, _Bucket):
             raise CollectiveError(f"wait({handle!r}): not a handle of the torch backend")
         if handle.work is None:
-            self._flush(wake=False)  # the open bucket: launched here, waited for at once
+            with self.waited_next():  # the open bucket: launched here, waited for at once
+                self._flush()
         handle.complete(self._size)
         self._launched_since_wait = False  # the next allreduce starts a new pass
 
