@@ -9,11 +9,11 @@ Lightning. See ``docs/lightning.md``.
 
 from __future__ import annotations
 
-from popdist_lightning._registry import register
 from popdist_lightning.accelerator import IPUAccelerator
 from popdist_lightning.environment import PopdistEnvironment
 from popdist_lightning.errors import IPUStrategyError
 from popdist_lightning.precision import IPUPrecision
+from popdist_lightning.registry import register
 from popdist_lightning.strategy import IPUStrategy
 
 __all__ = [

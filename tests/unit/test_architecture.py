@@ -124,3 +124,142 @@ def test_every_error_sits_under_its_package_root(package: str) -> None:
     assert root in errors
     strays = [f"{e.__module__}.{e.__qualname__}" for e in errors if not issubclass(e, root)]
     assert strays == []
+
+
+# -- the import graph (issue 24) -------------------------------------------------------------
+#: Which package may import which: the direction of travel. ``popdist/poptorch.py`` (the
+#: seeds' own ``popdist.poptorch`` bridge) is the one module allowed against it.
+ALLOWED_ARROWS = {
+    "poprun": {"popdist"},
+    "popdist": set(),
+    "popdist_torch": {"popdist"},
+    "popdist_lightning": {"popdist_torch", "popdist"},
+}
+BRIDGE = "popdist.poptorch"
+MAX_MODULES_PER_FOLDER = 12
+
+
+def _module_names() -> dict[str, Path]:
+    names = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            names[dotted.removesuffix(".__init__")] = path
+    return names
+
+
+def _imported(
+    name: str, path: Path, node: ast.Import | ast.ImportFrom, known: set[str]
+) -> set[str]:
+    """The project modules one import statement names (a package means its ``__init__``)."""
+    if isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        targets = [
+            f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module
+            for alias in node.names
+        ]
+    found = set()
+    for target in targets:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every module's imports of project modules, lazy ones (inside functions) included."""
+    names = _module_names()
+    known = set(names)
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                edges |= _imported(name, path, node, known)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycles_finds_a_circle() -> None:
+    """The checker itself: a three-module circle and a self-contained tail."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle() -> None:
+    """No two project modules import each other, directly or round a circle, lazily or not."""
+    assert cycles(import_graph()) == []
+
+
+def test_arrows_run_one_way() -> None:
+    """``popdist_lightning → popdist_torch → popdist`` and ``poprun → popdist``, nothing back."""
+    against = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if module != BRIDGE
+        and (source := module.split(".")[0]) != (dest := target.split(".")[0])
+        and dest not in ALLOWED_ARROWS[source]
+    )
+    assert against == []
+
+
+def test_no_folder_holds_more_than_twelve_modules() -> None:
+    crowded = []
+    for package in PACKAGES:
+        for folder in [ROOT / package, *(p for p in (ROOT / package).rglob("*") if p.is_dir())]:
+            count = len(list(folder.glob("*.py")))
+            if count > MAX_MODULES_PER_FOLDER:
+                crowded.append(f"{folder.relative_to(ROOT)}: {count} modules")
+    assert crowded == []

@@ -41,7 +41,10 @@ from torch.utils import data as tud
 import popdist
 import popdist_torch as poptorch
 from popdist_lightning import collectives
-from popdist_lightning._checks import (
+from popdist_lightning.environment import PopdistEnvironment
+from popdist_lightning.errors import IPUStrategyError
+from popdist_lightning.precision import IPUPrecision
+from popdist_lightning.strategy.checks import (
     check_accelerator,
     check_arguments,
     check_devices,
@@ -49,12 +52,9 @@ from popdist_lightning._checks import (
     check_optimizers,
     check_trainer,
 )
-from popdist_lightning._executors import StepExecutors
-from popdist_lightning._loaders import to_poptorch_loader
-from popdist_lightning._options import complete_options, seed_shuffling
-from popdist_lightning.environment import PopdistEnvironment
-from popdist_lightning.errors import IPUStrategyError
-from popdist_lightning.precision import IPUPrecision
+from popdist_lightning.strategy.executors import StepExecutors
+from popdist_lightning.strategy.loaders import to_poptorch_loader
+from popdist_lightning.strategy.options import complete_options, seed_shuffling
 from popdist_torch.pipeline import has_block_annotations
 
 __all__ = ["IPUStrategy"]
@@ -213,7 +213,7 @@ class IPUStrategy(ParallelStrategy):
     def model_to_device(self) -> None:
         """Nothing to move: the executor runs the module where it is."""
 
-    # -- steps (popdist_lightning._executors) -------------------------------------------------
+    # -- steps (popdist_lightning.strategy.executors) -------------------------------------------------
     def _run(self, step: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         module = self.lightning_module
         assert module is not None

@@ -2,7 +2,7 @@
 
 ``training_step`` runs in a ``trainingModel`` (with the optimizer from
 ``configure_optimizers``), the others in an ``inferenceModel``, each built on the step's
-first call around a wrapper module (``_step.py``), and kept until the options change.
+first call around a wrapper module (``step.py``), and kept until the options change.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils._pytree import tree_flatten
 
 import popdist_torch as poptorch
-from popdist_lightning._options import SHARDED_NOTE
-from popdist_lightning._step import FlatStepModule, StepModule, flat_step_module
 from popdist_lightning.errors import IPUStrategyError
+from popdist_lightning.strategy.options import SHARDED_NOTE
+from popdist_lightning.strategy.step import FlatStepModule, StepModule, flat_step_module
 from popdist_torch.pipeline import PipelineError, ShardedExecution
 
 __all__ = ["StepExecutors"]
