@@ -1,6 +1,6 @@
 """Allreduce bandwidth, 4 KB to 256 MB float32, side by side in one run.
 
-The executor's gradient path (Horovod through ``popdist_torch.collectives``) against raw
+The executor's gradient path (Horovod through ``popdist.collectives``) against raw
 mpi4py ``Allreduce`` and torch.distributed gloo, each launched by poprun as 2 instances (so
 every backend runs with the same Open MPI settings, those the product runs with), rounds
 interleaved; numpy ``c = a + b`` on the same sizes gives this machine's memory-bandwidth

@@ -2,7 +2,7 @@
 
 Each rank times ``reps`` in-place float32 sum-allreduces per size after a warm-up; rank 0
 prints one JSON line per size with the slowest rank's median time (a collective ends when its
-last rank does). Backends: ``horovod`` (the executor's gradient path: ``popdist_torch.collectives``
+last rank does). Backends: ``horovod`` (the executor's gradient path: ``popdist_torch``'s
 ``GradientReducer`` over one parameter of the given size), ``torch`` (the same path on the
 torch.distributed backend; launched with ``poprun --backend torch``), ``mpi4py`` (raw ``MPI.Allreduce`` on
 a buffer from torch's allocator, the memory gradients live in), ``mpi4py-numpy`` (the same on a
@@ -77,9 +77,9 @@ def main() -> None:
     elif args.backend in ("horovod", "torch"):
         import torch
 
-        from popdist_torch import collectives
+        from popdist_torch.reducer import GradientReducer, connect
 
-        backend = collectives.connect(size, rank)  # what trainingModel does: popdist.init()
+        backend = connect(size, rank)  # what trainingModel does: popdist.init()
         if backend.name != args.backend:
             raise SystemExit(f"asked for {args.backend} but poprun started {backend.name}")
 
@@ -88,7 +88,7 @@ def main() -> None:
             # the same allreduce_async_/synchronize calls as in one weight update.
             param = torch.nn.Parameter(torch.ones(n // 4, dtype=torch.float32))
             param.grad = torch.ones_like(param)
-            reducer = collectives.GradientReducer(backend, [("w", param)], average=False)
+            reducer = GradientReducer(backend, [("w", param)], average=False)
             return reducer.reduce_all
 
     else:  # gloo

@@ -183,7 +183,7 @@ def main() -> int:
             "machine's cores, so each host's threads compete with the other host's: "
             "Horovod's two busy threads per instance (the background thread in MPI, the "
             "training thread waiting on it) against raw MPI's one; from 4 MB the waiting "
-            "thread naps instead of polling (`popdist_torch/collectives/horovod.py`). "
+            "thread naps instead of polling (`popdist/collectives/horovod.py`). "
             "The machine's load average (first line) counts the other jobs it ran meanwhile.",
             f"### Launch + start the backend, 2 hosts (median of {args.rounds} interleaved rounds)",
             table(

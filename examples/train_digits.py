@@ -107,7 +107,7 @@ def main() -> int:
     identical = True
     if size > 1:
         # The run's collectives, whichever backend poprun --backend chose (Horovod or torch).
-        collectives = popdist.backend.collectives()
+        collectives = popdist.collectives.for_run()
         counts = collectives.allreduce_(torch.tensor([correct, total]), name="accuracy")
         correct, total = (int(c) for c in counts)
         every = collectives.allgather(weights.unsqueeze(0), name="weights")

@@ -1,7 +1,8 @@
 """popdist: the PopDist API on Open MPI and Horovod.
 
 What a training script launched by ``poprun`` imports: the getters that place this
-instance in the run (:mod:`popdist.context`), the collective backend (:func:`init`), and
+instance in the run (:mod:`popdist.context`), the collective backend (:func:`init`, whose
+backends and life cycle are :mod:`popdist.collectives`), and
 :func:`execute_on_instances`. The sharding arithmetic is :mod:`popdist.sharding`;
 ``popdist.poptorch.Options`` is PopTorch's options set up from the launch.
 
@@ -15,7 +16,9 @@ that need them (:func:`init`, :func:`execute_on_instances`, ``popdist.poptorch``
 from __future__ import annotations
 
 from popdist import sharding
-from popdist.backend import finalizeBackend, init, initializeBackend, isBackendInitialized
+from popdist.collectives import finalize as finalizeBackend
+from popdist.collectives import init
+from popdist.collectives import is_initialized as isBackendInitialized
 from popdist.context import (
     checkNumIpusPerReplica,
     getDeviceId,
@@ -31,6 +34,9 @@ from popdist.context import (
 from popdist.env import PopdistError
 from popdist.error_record import install_if_asked as _install_error_record
 from popdist.instances import execute_on_instances
+
+#: PopDist's other name for :func:`init`.
+initializeBackend = init
 
 _install_error_record()  # under poprun: an uncaught exception is also reported as data
 

@@ -53,7 +53,8 @@ def execute_on_instances(
 
     Returns ``fn``'s result on the instances where it ran and ``None`` on the others.
     Every instance must call this with the same ``instances``. In a run of several
-    instances it starts the backend (:func:`popdist.init`) if needed. ``fn`` must not
+    instances it starts the backend (:func:`popdist.init`) if needed; a run of one uses the
+    local backend (:func:`popdist.collectives.for_run`) and starts nothing. ``fn`` must not
     itself submit collectives over all instances (the others are not there to match them).
     If ``fn`` raises on some instance, that instance re-raises it and every other one
     raises :class:`PopdistError` naming the failed instances, so no instance is left
@@ -61,12 +62,9 @@ def execute_on_instances(
     """
     run = read_run()
     chosen = _chosen(instances, run.num_instances)
-    if run.num_instances == 1:
-        return fn(*args, **kwargs) if run.instance_index in chosen else None
+    from popdist.collectives import for_run
 
-    from popdist import backend
-
-    collectives = backend.collectives()
+    collectives = for_run()  # one instance: the local backend, nothing started
     result: T | None = None
     error: Exception | None = None
     if run.instance_index in chosen:

@@ -1,8 +1,9 @@
 """Lightning's collectives (``reduce``, ``barrier``, ``broadcast``, ``all_gather``) on PopDist.
 
 Whatever backend the run chose (``poprun --backend horovod|torch``) carries them, through
-``popdist.backend.collectives()``; nothing here imports Horovod or torch.distributed. With a
-single instance each is the identity, without starting a backend.
+``popdist.collectives.for_run()``; nothing here imports Horovod or torch.distributed. With a
+single instance that is the local null backend: each collective gives its input back and
+nothing is started.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import popdist
+import popdist.collectives
 from popdist_lightning.errors import IPUStrategyError
 
 __all__ = ["REDUCE_OPS", "all_gather", "barrier", "broadcast", "reduce"]
@@ -22,9 +23,7 @@ REDUCE_OPS = ("avg", "max", "mean", "min", "sum")
 
 
 def _collectives() -> Any:
-    from popdist.backend import collectives
-
-    return collectives()
+    return popdist.collectives.for_run()
 
 
 def _op_name(reduce_op: Any) -> str:
@@ -40,11 +39,11 @@ def _op_name(reduce_op: Any) -> str:
 def reduce(tensor: Any, reduce_op: Any = "mean") -> Any:
     """``tensor`` reduced over the instances (``mean`` by default; ``sum``, ``max``, ``min``).
 
-    A mean is a float even of integers, as Lightning's own. Anything but a tensor, and
-    anything on a single instance, comes back as it is.
+    A mean is a float even of integers, as Lightning's own. Anything but a tensor comes
+    back as it is; the caller's tensor is left alone.
     """
     name = _op_name(reduce_op)
-    if not isinstance(tensor, Tensor) or popdist.getNumInstances() == 1:
+    if not isinstance(tensor, Tensor):
         return tensor
     c = _collectives()
     if name in ("max", "min"):
@@ -56,28 +55,21 @@ def reduce(tensor: Any, reduce_op: Any = "mean") -> Any:
 
 def barrier() -> None:
     """Return when every instance has called it."""
-    if popdist.getNumInstances() > 1:
-        _collectives().barrier()
+    _collectives().barrier()
 
 
 def broadcast(obj: Any, src: int = 0) -> Any:
     """Instance ``src``'s ``obj`` on every instance."""
-    if popdist.getNumInstances() == 1:
-        return obj
     return _collectives().broadcast_object(obj, root=src)
 
 
 def all_gather(tensor: Tensor) -> Tensor:
     """Every instance's ``tensor``, stacked along a new leading dimension."""
-    if popdist.getNumInstances() == 1:
-        return tensor.unsqueeze(0)
     gathered: Tensor = _collectives().allgather(tensor.detach().unsqueeze(0))
     return gathered
 
 
 def reduce_boolean_decision(decision: bool, all: bool = True) -> bool:
     """``decision`` of all instances (``all=True``) or of any."""
-    if popdist.getNumInstances() == 1:
-        return decision
     total = int(reduce(torch.tensor(int(decision)), "sum").item())
-    return total == popdist.getNumInstances() if all else total > 0
+    return total == _collectives().size() if all else total > 0

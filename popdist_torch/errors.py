@@ -3,12 +3,15 @@
 Each concrete error is also the built-in a caller would catch without knowing this package
 (``ValueError`` for a bad value or call, ``RuntimeError`` for a state that cannot be
 honoured), so ``except ValueError`` written for PopTorch keeps working. The modules that
-raise them re-export them (``popdist_torch.options.OptionsError``...).
+raise them re-export them (``popdist_torch.options.OptionsError``...). The one error that is
+not a :class:`PopdistTorchError` is :class:`CollectiveError`, re-exported from
+:mod:`popdist.collectives`, which owns the backends: a :class:`popdist.PopdistError` (a
+``RuntimeError``) that ``popdist.init()`` and the backends raise.
 """
 
 from __future__ import annotations
 
-from popdist.env import PopdistError
+from popdist.collectives.errors import CollectiveError
 
 __all__ = [
     "CheckpointError",
@@ -63,10 +66,3 @@ class PipelineError(PopdistTorchError, ValueError):
 
 class CheckpointError(PopdistTorchError, RuntimeError):
     """A checkpoint could not be written or read back."""
-
-
-class CollectiveError(PopdistTorchError, PopdistError):
-    """The collective backend is missing, or disagrees with the run or the options.
-
-    Also a :class:`popdist.PopdistError` (a ``RuntimeError``): ``popdist.init()`` raises it.
-    """

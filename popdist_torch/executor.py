@@ -6,7 +6,7 @@ replica, micro_batch, ...]``, :class:`~popdist_torch.batch.Batch`).  For each de
 iteration the executor's *replica runner* (:mod:`popdist_torch.runners`, chosen once when
 the model is wrapped) runs, for each accumulation step, every local replica's forward and
 backward on its micro-batch; gradients accumulate in the parameters' ``.grad``; the
-cross-instance allreduce (:mod:`popdist_torch.collectives`, fused, overlapped with the last
+cross-instance allreduce (:mod:`popdist_torch.reducer`, fused, overlapped with the last
 backward) happens once per weight update; then the optimizer steps.  The user's module is
 the model: it holds the current weights after every call, and a training and an inference
 model of the same module share them.
@@ -24,13 +24,13 @@ from torch import nn
 
 from popdist.env import read_compute_threads
 from popdist_torch.batch import Batch
-from popdist_torch.collectives import GradientReducer
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
 from popdist_torch.executor_surface import PopTorchSurface
 from popdist_torch.options import Options
 from popdist_torch.outputs import OutputCollector
 from popdist_torch.placement import CPU, instance_device, move_optimizer_state, place, to_host
+from popdist_torch.reducer import GradientReducer, broadcast_state, connect
 from popdist_torch.runners import ReplicaRunner, make_runner, uses_stages
 
 __all__ = [
@@ -77,17 +77,16 @@ def _connect(
 ) -> GradientReducer | None:
     """Join the other instances: start from instance 0's state; a training model's reducer.
 
-    ``None`` in a run of one process, or for an inference model.
+    ``None`` for an inference model, or when the collectives connect no other process (one
+    process: the local backend), where a reducer would only zero-fill unused gradients.
     """
     dist = opts.Distributed
-    if dist.numProcesses <= 1:
+    collectives = connect(dist.numProcesses, dist.processId)
+    if not collectives.capabilities.communicates:
         return None
     threads = read_compute_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    from popdist_torch.collectives import broadcast_state, connect
-
-    collectives = connect(dist.numProcesses, dist.processId)
     broadcast_state(collectives, model, optimizer, buffers=opts.broadcast_buffers)
     if optimizer is None:
         return None

@@ -9,8 +9,9 @@ device (one ``vmap``), so they cost about one forward/backward of the combined b
 
 The CPU is used when the instance has no GPU, when poprun runs ``--offline-mode``, when
 the model is split into pipeline stages (the stage runner places the stages itself), or
-when the gradients would cross instances over Horovod, whose build here has no GPU
-collectives (the torch backend's NCCL is the GPU path).
+when the gradients would cross instances over a backend that does not reduce CUDA tensors
+(Horovod's build here has no GPU collectives; the torch backend's NCCL is the GPU path):
+the executor asks the backend's declared capabilities (``reduces_on("cuda")``).
 
 The decision is the pure :func:`choose_device`; tests drive it with fake device counts.
 """
@@ -55,7 +56,7 @@ def choose_device(
 
 def instance_device(*, pipelined: bool, num_processes: int = 1) -> torch.device:
     """:func:`choose_device` for this process (reads CUDA, the backend, the offline flag)."""
-    from popdist import backend
+    import popdist.collectives
     from popdist.env import read_run
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -64,7 +65,7 @@ def instance_device(*, pipelined: bool, num_processes: int = 1) -> torch.device:
         current=torch.cuda.current_device() if count else 0,
         offline=read_run().offline_mode,
         pipelined=pipelined,
-        collectives_on_gpu=num_processes <= 1 or backend.active() == "torch",
+        collectives_on_gpu=popdist.collectives.capabilities(num_processes).reduces_on("cuda"),
     )
 
 

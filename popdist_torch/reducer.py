@@ -1,5 +1,11 @@
 """Cross-instance gradient reduction and wrap-time broadcast, on any :class:`Collectives`.
 
+PopTorch's reduction semantics on top of popdist's collectives interface
+(:mod:`popdist.collectives`): :func:`connect` joins the other instances through
+``popdist.collectives.for_run`` (the local null backend for one process) and checks the
+world against the options; the reducer and the broadcast are written against the
+interface only.
+
 :class:`GradientReducer` registers one post-accumulate-grad hook per trainable
 parameter.  The hooks do nothing until :meth:`GradientReducer.arm` is called just before
 the last backward pass of a weight update; from then on each gradient, as soon as it is
@@ -18,9 +24,27 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from popdist_torch.collectives.base import Collectives, Handle
+import popdist.collectives
+from popdist.collectives import CollectiveError
+from popdist.collectives.base import Collectives, Handle
 
-__all__ = ["GradientReducer", "broadcast_state"]
+__all__ = ["GradientReducer", "broadcast_state", "connect"]
+
+
+def connect(num_processes: int, process_id: int) -> Collectives:
+    """The collectives over ``num_processes`` processes, checked against the options.
+
+    One process: the local backend. Several: the run's backend, started by ``popdist.init()``.
+    """
+    collectives = popdist.collectives.for_run(num_processes)
+    if collectives.size() != num_processes or collectives.rank() != process_id:
+        raise CollectiveError(
+            f"Options.Distributed says process {process_id} of {num_processes} but the "
+            f"{collectives.name} backend has rank {collectives.rank()} of {collectives.size()}: "
+            f"launch with poprun (or mpirun -np {num_processes}) and leave Options.Distributed "
+            f"at its default"
+        )
+    return collectives
 
 
 class GradientReducer:

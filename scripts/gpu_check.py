@@ -71,10 +71,10 @@ def worker(kind: str, args: argparse.Namespace) -> None:
     result: dict[str, Any] = {"kind": kind}
     if kind == "nccl":
         import popdist
-        from popdist_torch import collectives
+        from popdist_torch.reducer import GradientReducer
 
         popdist.init()
-        backend = collectives.backend()
+        backend = popdist.collectives.for_run()
         group = getattr(backend, "process_group_backend", None)
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         t = torch.full((4,), 2.0, device=device)
@@ -84,7 +84,7 @@ def worker(kind: str, args: argparse.Namespace) -> None:
         for mb in SIZES_MB[: 1 if args.quick else None]:
             param = torch.nn.Parameter(torch.ones(mb << 18, device=device))
             param.grad = torch.ones_like(param)
-            reducer = collectives.GradientReducer(backend, [("w", param)], average=False)
+            reducer = GradientReducer(backend, [("w", param)], average=False)
             seconds = 1.0 / _rate(reducer.reduce_all, 1, 2, 3 if args.quick else 20, sync)
             bandwidth[mb] = (mb << 20) / seconds / 1e9
         result["algbw_gbps"] = bandwidth

@@ -1,4 +1,4 @@
-"""The collectives interface: what the executor and popdist need from a backend.
+"""The collectives interface: what popdist, the executor and Lightning need from a backend.
 
 A backend carries host-side collectives between the instances of one run. The executor
 uses it for the fused, overlapped gradient allreduce (:meth:`Collectives.allreduce_async_`
@@ -8,6 +8,7 @@ called by every instance in the same order; ``name`` identifies it where the bac
 negotiates by name (Horovod) and is ignored elsewhere.
 
 Only the implementations of this interface import a backend (Horovod, torch.distributed).
+What a backend can do is declared in the registry (:attr:`Collectives.capabilities`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 
 import torch
 
+from popdist.collectives.registry import Capabilities, spec
+
 __all__ = ["Collectives", "Handle"]
 
 #: An in-flight asynchronous collective, opaque to the caller: give it to ``wait``.
@@ -29,17 +32,22 @@ Handle = Any
 class Collectives(abc.ABC):
     """One collective backend over the instances of the run (one object per process)."""
 
-    #: The backend's name, as :func:`popdist_torch.collectives.backend` takes it.
+    #: The backend's name in :data:`~popdist.collectives.registry.REGISTRY`.
     name: str = ""
     #: How messages name it ("Horovod").
     label: str = ""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend can do, as its registry entry declares."""
+        return spec(self.name).capabilities
 
     # -- life cycle -----------------------------------------------------------------------
     @abc.abstractmethod
     def start(self) -> None:
         """Join the run's collectives (once per process; later calls do nothing).
 
-        Raises :class:`~popdist_torch.errors.CollectiveError` when the backend is missing.
+        Raises :class:`~popdist.collectives.errors.CollectiveError` when the backend is missing.
         """
 
     @abc.abstractmethod

@@ -42,9 +42,9 @@ from types import ModuleType
 
 import torch
 
+from popdist.collectives.base import Collectives, Handle
+from popdist.collectives.errors import CollectiveError
 from popdist.env import read_run
-from popdist_torch.collectives.base import Collectives, Handle
-from popdist_torch.errors import CollectiveError
 
 __all__ = [
     "CYCLE_TIME_MS",

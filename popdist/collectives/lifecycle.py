@@ -1,51 +1,64 @@
-"""The collective backend's life cycle: started once per process by :func:`init`.
+"""The collective backend's life cycle, owned in one place: started once, stopped once.
 
-PopDist's ``init()`` brings up the backend that carries host-side collectives between
-instances. The backend itself is ``popdist_torch.collectives``: Horovod by default, over the
-same Open MPI job poprun launched, or ``torch.distributed`` (gloo on CPU, NCCL on GPU) with
-``init(backend="torch")`` or ``poprun --backend torch`` (``POPDIST_BACKEND``; its start-up is
-:mod:`popdist.torch_distributed`). Under the torch backend Horovod is never imported. This
-module only decides *which* backend, *when* it starts and stops, and
-checks that the backend's world is the run popdist reads from the environment: a process
-started outside the job, or a job whose ranks do not match the instances, fails here with a
-clear message instead of hanging in its first collective. The backend (and with it torch)
-is imported only when :func:`init` runs, so ``import popdist`` stays cheap.
+``popdist.init()`` (:func:`init`) brings up the backend that carries host-side collectives
+between instances: Horovod by default, over the same Open MPI job poprun launched, or
+``torch.distributed`` (gloo on CPU, NCCL on GPU) with ``init(backend="torch")`` or
+``poprun --backend torch`` (``POPDIST_BACKEND``). Under the torch backend Horovod is never
+imported. This module decides *which* backend, *when* it starts and stops, and checks that
+the backend's world is the run popdist reads from the environment: a process started
+outside the job, or a job whose ranks do not match the instances, fails here with a clear
+message instead of hanging in its first collective.
+
+The project's own collectives (``execute_on_instances``, the executor, Lightning) ask
+:func:`for_run`, the one place that picks the local null backend for a world of one
+process: a one-instance run starts nothing and never imports Horovod. A script's explicit
+``popdist.init()`` still starts the chosen backend in a one-process run, so its own calls
+to that backend work. Backends are created through the registry's lazy factories, so
+``import popdist`` imports neither torch nor a backend library.
 """
 
 from __future__ import annotations
 
 import atexit
 
-from popdist.env import PopdistError, RunView, read_backend, read_run
+from popdist.collectives.errors import world_mismatch
+from popdist.collectives.registry import LOCAL, Capabilities, spec
+from popdist.env import PopdistError, read_backend, read_run
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:
-    from popdist_torch.collectives import Collectives
+    from popdist.collectives.base import Collectives
 
 __all__ = [
     "active",
-    "collectives",
-    "finalizeBackend",
+    "capabilities",
+    "finalize",
+    "for_run",
     "init",
-    "initializeBackend",
-    "isBackendInitialized",
+    "is_initialized",
 ]
 
-_initialized = False
-_finalized = False
-_atexit_registered = False
-_active: str | None = None  # the backend init() started
+
+class _Run:
+    """This process's backends: one object per name, and the one :func:`init` started."""
+
+    objects: dict[str, Collectives] = {}  # noqa: RUF012 - one process, one table
+    started: Collectives | None = None
+    spent = False  # a backend that cannot be restarted was shut down
+    atexit_registered = False
 
 
-def _backend() -> Collectives:
-    from popdist_torch import collectives as chosen
-
-    return chosen.backend()
+def _object(name: str) -> Collectives:
+    """The process's (one) object of backend ``name``, created on first use, not started."""
+    backend = _Run.objects.get(name)
+    if backend is None:
+        backend = _Run.objects[name] = spec(name).create()
+    return backend
 
 
 def active() -> str:
     """The backend :func:`init` started, else the one it would start (``horovod``/``torch``)."""
-    return _active if _active is not None else read_backend()
+    return _Run.started.name if _Run.started is not None else read_backend()
 
 
 def init(backend: str | None = None) -> None:
@@ -55,18 +68,17 @@ def init(backend: str | None = None) -> None:
     ``poprun --backend`` sets), else Horovod. Raises :class:`PopdistError` if the backend
     is missing, if its size and rank disagree with :func:`popdist.getNumInstances` and
     :func:`popdist.getInstanceIndex`, or if another backend already runs in this process.
-    The backend is finalised at interpreter exit (or by :func:`finalizeBackend`).
+    The backend is finalised at interpreter exit (or by :func:`finalize`).
     """
-    global _initialized, _atexit_registered, _active
     name = read_backend(requested=backend)
-    if _initialized:
-        if name != _active and backend is not None:
+    if _Run.started is not None:
+        if name != _Run.started.name and backend is not None:
             raise PopdistError(
-                f"popdist.init(backend={backend!r}): the {_active} backend already runs in "
-                f"this process; one process uses one backend"
+                f"popdist.init(backend={backend!r}): the {_Run.started.name} backend already "
+                f"runs in this process; one process uses one backend"
             )
         return
-    if _finalized:
+    if _Run.spent:
         # Horovod finalises MPI on shutdown and MPI cannot be initialised twice in one
         # process: a second start would abort the process inside MPI.
         raise PopdistError(
@@ -75,52 +87,51 @@ def init(backend: str | None = None) -> None:
             "only when the script is done with collectives"
         )
     run = read_run()  # a malformed environment fails before anything starts
-    from popdist_torch import collectives as chosen
-
-    chosen.use(name)
-    started = chosen.backend()
+    started = _object(name)
     started.start()
     size, rank = started.size(), started.rank()
     if (size, rank) != (run.num_instances, run.instance_index):
         started.shutdown()
         raise world_mismatch(started.label or started.name, rank, size, run)
-    _active, _initialized = name, True
-    if not _atexit_registered:
-        atexit.register(finalizeBackend)
-        _atexit_registered = True
+    _Run.started = started
+    if not _Run.atexit_registered:
+        atexit.register(finalize)
+        _Run.atexit_registered = True
 
 
-def world_mismatch(who: str, rank: int, size: int, run: RunView) -> PopdistError:
-    """The error for a backend (``who``) whose world is not the run the environment gives."""
-    where = "poprun's POPDIST_*" if run.from_poprun else "the environment"
-    return PopdistError(
-        f"{who} sees rank {rank} of {size} processes but {where} says instance "
-        f"{run.instance_index} of {run.num_instances}: start every instance from one poprun "
-        f"(or mpirun) command and do not mix launchers"
-    )
-
-
-#: PopDist's other name for :func:`init`.
-initializeBackend = init
-
-
-def isBackendInitialized() -> bool:
+def is_initialized() -> bool:
     """Whether :func:`init` started the backend and it is still running."""
-    return _initialized and _backend().is_started()
+    return _Run.started is not None and _Run.started.is_started()
 
 
-def finalizeBackend() -> None:
+def finalize() -> None:
     """Shut the backend down (idempotent). Horovod cannot be started again in this process."""
-    global _initialized, _finalized, _active
-    if not _initialized:
+    started, _Run.started = _Run.started, None
+    if started is None:
         return
-    _initialized = False
-    _finalized = _finalized or _active == "horovod"
-    _active = None
-    _backend().shutdown()
+    _Run.spent = _Run.spent or not started.capabilities.restartable
+    started.shutdown()
 
 
-def collectives() -> Collectives:
-    """The backend's collectives, started by :func:`init` if they are not yet."""
+def _choice(num_processes: int | None) -> str:
+    """The backend the project's collectives use over ``num_processes`` (default: the run)."""
+    count = read_run().num_instances if num_processes is None else num_processes
+    return LOCAL if count <= 1 else active()
+
+
+def capabilities(num_processes: int | None = None) -> Capabilities:
+    """What :func:`for_run` ``(num_processes)``'s backend can do, without starting it."""
+    return spec(_choice(num_processes)).capabilities
+
+
+def for_run(num_processes: int | None = None) -> Collectives:
+    """The collectives over ``num_processes`` processes (default: the run's instances).
+
+    The local null backend for one process (nothing started, no backend library
+    imported); otherwise the chosen backend, started by :func:`init` if it is not yet.
+    """
+    if _choice(num_processes) == LOCAL:
+        return _object(LOCAL)
     init()
-    return _backend()
+    assert _Run.started is not None
+    return _Run.started

@@ -13,6 +13,12 @@ the call, so the reduction overlaps the rest of the backward pass, as gloo's wor
 do; a waiter blocks on an event, it does not poll. A waiter whose work is the newest and
 not yet started runs it itself (:meth:`MpiLane.run_here`).
 
+The lane calls MPI from a thread of its own while the program's thread may call MPI too,
+which MPI allows only at ``MPI_THREAD_MULTIPLE``. mpi4py asks for it, but MPI may grant
+less (a build without thread support, or MPI started by someone asking for less): then
+there is no lane (:func:`threads_allowed`), the CPU buckets stay on the process group, and
+one warning says so.
+
 The user can keep every CPU collective on gloo (:func:`popdist.env.read_torch_cpu_allreduce`
 reads the choice). CUDA tensors always go to NCCL, and the rest of the torch backend
 (broadcasts, allgathers, barriers, and a program's own ``torch.distributed`` calls) stays on
@@ -24,16 +30,38 @@ from __future__ import annotations
 import collections
 import sys
 import threading
+import warnings
 from typing import Any
 
 import torch
 
-from popdist_torch.errors import CollectiveError
+from popdist.collectives.errors import CollectiveError
 
-__all__ = ["MPI_DTYPES", "MpiLane", "MpiWork"]
+__all__ = ["MPI_DTYPES", "MpiLane", "MpiWork", "threads_allowed"]
 
 #: The dtypes the lane reduces (the others go to gloo): those MPI and numpy both have.
 MPI_DTYPES = frozenset({torch.float32, torch.float64, torch.int32, torch.int64})
+
+
+_warned = False  # the lane-less fallback is reported once per process
+
+
+def threads_allowed(mpi: Any) -> bool:
+    """Whether MPI (``mpi4py.MPI``, started) granted ``MPI_THREAD_MULTIPLE``; warns once if not."""
+    global _warned
+    granted = int(mpi.Query_thread())
+    if granted >= int(mpi.THREAD_MULTIPLE):
+        return True
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            f"MPI granted thread level {granted}, not MPI_THREAD_MULTIPLE "
+            f"({int(mpi.THREAD_MULTIPLE)}): the torch backend reduces CPU gradients over its "
+            f"process group (gloo) instead of on an MPI thread",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return False
 
 
 class MpiWork:
@@ -79,7 +107,8 @@ class MpiLane:
 
     @classmethod
     def for_world(cls) -> MpiLane | None:
-        """A lane over the MPI job, or ``None`` when there is no MPI job of several ranks.
+        """A lane over the MPI job, or ``None`` when there is no MPI job of several ranks, or
+        when MPI does not allow calls from several threads (:func:`threads_allowed`).
 
         MPI is not started here: only a process that already imported ``mpi4py.MPI`` (the
         torch backend's rendezvous does) gets a lane.
@@ -90,6 +119,7 @@ class MpiLane:
             or not MPI.Is_initialized()
             or MPI.Is_finalized()
             or MPI.COMM_WORLD.Get_size() < 2
+            or not threads_allowed(MPI)
         ):
             return None
         return cls(MPI.COMM_WORLD, MPI)

@@ -7,14 +7,15 @@ from the environment; no ``MASTER_ADDR``/``MASTER_PORT`` is needed. Instance 0 o
 nothing races between choosing a port and binding it) and sends its address to the other
 instances over the MPI job poprun started (an ``mpi4py`` broadcast, as Lightning's
 ``MPIEnvironment`` does); the store then carries ``torch.distributed``'s own rendezvous.
-A single instance needs no MPI at all: an in-memory store.
+A single instance (an explicit ``popdist.init()`` in one process: the project's own
+collectives use the local backend there) needs no MPI at all: an in-memory store.
 
 The process group is gloo when any instance has no GPU (or runs ``--offline-mode``), and
 ``cpu:gloo,cuda:nccl`` when every instance has one: CUDA tensors go over NCCL, the few CPU
 tensors popdist itself exchanges (``execute_on_instances``' flags) over gloo. Every
 instance must pick the same, so the choice is agreed over MPI (the minimum of "has a GPU").
 
-Gradients arrive one parameter at a time (:class:`~popdist_torch.collectives.GradientReducer`).
+Gradients arrive one parameter at a time (``popdist_torch``'s ``GradientReducer``).
 torch.distributed does not fuse, so this backend does, as DDP's buckets do: consecutive
 tensors of one dtype and device are packed into a bucket of up to :data:`BUCKET_BYTES`
 (the first bucket after a wait up to :data:`FIRST_BUCKET_BYTES`, so that communication
@@ -25,7 +26,7 @@ than a bucket is reduced in place, without a copy. Every instance reduces the sa
 gradients in the same order (the same model and autograd graph), which is what a
 torch.distributed collective needs; Horovod instead negotiates by name.
 
-CPU buckets of an MPI dtype are reduced over MPI by an :class:`~popdist_torch.collectives.
+CPU buckets of an MPI dtype are reduced over MPI by an :class:`~popdist.collectives.
 mpilane.MpiLane` when the run has several instances (gloo's TCP reached 0.28-0.76 of
 ``MPI_Allreduce`` on one host; see that module), unless the user chose gloo
 (:func:`popdist.env.read_torch_cpu_allreduce`).
@@ -42,10 +43,10 @@ from typing import Any
 
 import torch
 
+from popdist.collectives.base import Collectives, Handle
+from popdist.collectives.errors import CollectiveError, world_mismatch
+from popdist.collectives.mpilane import MpiLane
 from popdist.env import RunView, read_run, read_torch_cpu_allreduce, read_torch_timeout
-from popdist_torch.collectives.base import Collectives, Handle
-from popdist_torch.collectives.mpilane import MpiLane
-from popdist_torch.errors import CollectiveError
 
 __all__ = [
     "BUCKET_BYTES",
@@ -142,8 +143,6 @@ def _rendezvous(run: RunView, has_gpu: bool, timeout: Any) -> tuple[Any, bool]:
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     if (size, rank) != (run.num_instances, run.instance_index):
-        from popdist.backend import world_mismatch
-
         raise world_mismatch("MPI", rank, size, run)
     address: tuple[str, int] | None = None
     master = None
@@ -310,7 +309,7 @@ class TorchCollectives(Collectives):
     @contextlib.contextmanager
     def waited_next(self) -> Iterator[None]:
         """Buckets launched in the block do not wake the MPI lane's thread: the waiter runs
-        them itself when it can (:meth:`~popdist_torch.collectives.mpilane.MpiLane.run_here`)."""
+        them itself when it can (:meth:`~popdist.collectives.mpilane.MpiLane.run_here`)."""
         before, self._wake_lane = self._wake_lane, False
         try:
             yield

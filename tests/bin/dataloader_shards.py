@@ -44,7 +44,7 @@ def main() -> None:
     small.terminate()
     popdist.init()  # the DataLoader needs no collectives; the backend must not disturb it
     report = {
-        "backend": popdist.backend.active(),
+        "backend": popdist.collectives.active(),
         "instance": popdist.getInstanceIndex(),
         "processes": cifar.options.Distributed.numProcesses,
         "len": len(cifar),

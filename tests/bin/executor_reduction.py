@@ -16,7 +16,6 @@ from torch import nn
 
 import popdist
 import popdist_torch as poptorch
-from popdist_torch import collectives
 
 
 class Net(nn.Module):
@@ -46,7 +45,7 @@ def main() -> None:
     if model.marker.item() != rank:
         fail("broadcastBuffers(False) but the buffer was broadcast")
     start = model.fc.weight.detach().clone()
-    backend = collectives.backend()
+    backend = popdist.collectives.for_run()
     if backend.name != os.environ.get("POPDIST_BACKEND", "horovod"):
         fail(f"backend {backend.name} but POPDIST_BACKEND={os.environ.get('POPDIST_BACKEND')}")
     if backend.name == "torch" and "horovod" in sys.modules:

@@ -37,9 +37,9 @@ report["initialized"] = popdist.isBackendInitialized()
 
 import torch  # noqa: E402 - after init, as a PopDist script does
 
-from popdist import backend  # noqa: E402
+import popdist.collectives  # noqa: E402
 
-collectives = backend.collectives()
+collectives = popdist.collectives.for_run()
 report["collectives"] = [collectives.name, collectives.size(), collectives.rank()]
 report["horovod_imported"] = "horovod" in sys.modules
 mean = collectives.allreduce_(torch.tensor(float(index)), average=True)

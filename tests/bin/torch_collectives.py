@@ -12,7 +12,7 @@ import sys
 import torch
 
 import popdist
-from popdist_torch.collectives.torchdist import TorchCollectives
+from popdist.collectives.torchdist import TorchCollectives
 
 
 def main() -> None:

@@ -64,7 +64,7 @@ from pipemodel import make, data
 steps, ga, micro, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 run = read_run()
 popdist.init()
-collectives = popdist.backend.collectives()
+collectives = popdist.collectives.for_run()
 assert collectives.size() == run.num_instances and collectives.rank() == run.instance_index
 model = make()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

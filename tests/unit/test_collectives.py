@@ -9,9 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from popdist_torch import collectives
-from popdist_torch.collectives import Collectives, GradientReducer, broadcast_state
-from popdist_torch.errors import CollectiveError, PopdistTorchError
+import popdist_torch
+from popdist import collectives
+from popdist.collectives import CollectiveError
+from popdist.collectives.base import Collectives
+from popdist.env import PopdistError
+from popdist_torch.reducer import GradientReducer, broadcast_state
 from tests.jobs import ROOT
 
 
@@ -134,27 +137,29 @@ def test_disarm_stops_the_hooks_until_the_next_arm() -> None:
 
 def test_unknown_backend_is_a_clear_error() -> None:
     with pytest.raises(CollectiveError, match=r"backend 'mpi5' is unknown: expected one of"):
-        collectives.use("mpi5")
-    assert issubclass(CollectiveError, PopdistTorchError)
+        collectives.spec("mpi5")
+    assert issubclass(CollectiveError, PopdistError)
     assert issubclass(CollectiveError, RuntimeError)
+    # popdist_torch's users still find it where they did
+    assert popdist_torch.CollectiveError is CollectiveError
+    assert popdist_torch.errors.CollectiveError is CollectiveError
 
 
 def test_only_the_backend_modules_import_a_collectives_library() -> None:
     pattern = re.compile(r"^\s*(import|from)\s+(horovod|torch\.distributed)\b", re.MULTILINE)
-    seam = Path("popdist_torch/collectives")
-    shared = {seam / "__init__.py", seam / "base.py", seam / "reducer.py"}
+    seam = Path("popdist/collectives")
+    backends = {seam / "horovod.py", seam / "torchdist.py"}
     importers = {
         path.relative_to(ROOT)
-        for package in ("popdist", "popdist_torch", "poprun")
+        for package in ("popdist", "popdist_torch", "popdist_lightning", "poprun")
         for path in (ROOT / package).rglob("*.py")
         if pattern.search(path.read_text())
     }
-    assert {p for p in importers if p.parent != seam or p in shared} == set()
-    assert Path("popdist_torch/collectives/horovod.py") in importers
+    assert importers == backends
 
 
 def test_nap_until_naps_a_growing_fraction_of_the_wait_and_stops_when_done() -> None:
-    from popdist_torch.collectives.horovod import MAX_NAP_S, MIN_NAP_S, NAP_FRACTION, nap_until
+    from popdist.collectives.horovod import MAX_NAP_S, MIN_NAP_S, NAP_FRACTION, nap_until
 
     now = [0.0]
     naps: list[float] = []
@@ -181,7 +186,7 @@ def test_nap_until_naps_a_growing_fraction_of_the_wait_and_stops_when_done() -> 
 def test_across_hosts_horovod_waits_with_naps_only_for_long_allreduces(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from popdist_torch.collectives import horovod
+    from popdist.collectives import horovod
 
     calls: list[tuple[str, int]] = []
 
@@ -223,8 +228,8 @@ def test_across_hosts_horovod_waits_with_naps_only_for_long_allreduces(
 def test_horovod_naps_only_when_the_instances_span_hosts(
     monkeypatch: pytest.MonkeyPatch, local: int
 ) -> None:
+    from popdist.collectives import horovod
     from popdist.env import RunView
-    from popdist_torch.collectives import horovod
 
     class FakeHvd:
         Sum = Average = "op"

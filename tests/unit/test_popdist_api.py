@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import popdist
-from popdist import backend, env
+from popdist import collectives, env
 from popdist.env import PopdistError, instance_environment
 
 pytestmark = pytest.mark.unit
@@ -189,7 +189,9 @@ def test_finalize_without_init_is_a_no_op() -> None:
     popdist.finalizeBackend()
     assert not popdist.isBackendInitialized()
     assert popdist.initializeBackend is popdist.init
-    assert backend.init is popdist.init
+    assert collectives.init is popdist.init
+    assert popdist.finalizeBackend is collectives.finalize
+    assert popdist.isBackendInitialized is collectives.is_initialized
 
 
 # --- execute_on_instances, one process -----------------------------------------------------------

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from typing import Any
 
 import pytest
 
 from popdist import env
+from popdist.collectives import torchdist as torch_distributed
 from popdist.env import PopdistError, RunView, read_backend
-from popdist_torch.collectives import torchdist as torch_distributed
-from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -138,7 +136,7 @@ class _FakeMPI:
 def test_the_mpi_lane_reduces_in_place_in_submission_order_and_stops() -> None:
     import torch
 
-    from popdist_torch.collectives.mpilane import MpiLane
+    from popdist.collectives.mpilane import MpiLane
 
     comm = _FakeComm()
     lane = MpiLane(comm, _FakeMPI)
@@ -159,7 +157,7 @@ def test_a_waiter_runs_the_newest_unstarted_work_itself_and_the_lane_skips_it() 
 
     import torch
 
-    from popdist_torch.collectives.mpilane import MpiLane
+    from popdist.collectives.mpilane import MpiLane
 
     threads: list[int] = []
 
@@ -193,7 +191,7 @@ def test_works_queued_without_a_wake_up_run_in_order_when_waited_for() -> None:
 
     import torch
 
-    from popdist_torch.collectives.mpilane import MpiLane
+    from popdist.collectives.mpilane import MpiLane
 
     ran_on: list[tuple[int, int]] = []
 
@@ -217,8 +215,8 @@ def test_works_queued_without_a_wake_up_run_in_order_when_waited_for() -> None:
 def test_a_failed_mpi_allreduce_is_a_collective_error_for_its_waiter() -> None:
     import torch
 
-    from popdist_torch.collectives.mpilane import MpiLane
-    from popdist_torch.errors import CollectiveError
+    from popdist.collectives import CollectiveError
+    from popdist.collectives.mpilane import MpiLane
 
     lane = MpiLane(_FakeComm(fail_on=1), _FakeMPI)
     first, second = lane.submit(torch.ones(2)), lane.submit(torch.ones(5))
@@ -229,44 +227,8 @@ def test_a_failed_mpi_allreduce_is_a_collective_error_for_its_waiter() -> None:
 
 
 def test_no_lane_without_an_mpi_job_already_started(monkeypatch: pytest.MonkeyPatch) -> None:
-    from popdist_torch.collectives.mpilane import MpiLane
+    from popdist.collectives.mpilane import MpiLane
 
     monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
     assert MpiLane.for_world() is None  # and MPI was not started to find out
     assert "mpi4py.MPI" not in sys.modules
-
-
-SINGLE = """
-import sys, torch, popdist
-from popdist import backend
-popdist.init(backend="torch")
-import torch.distributed as dist
-t = torch.tensor([2.0]); dist.all_reduce(t)
-print(backend.active(), dist.get_backend(), dist.get_world_size(), t.item(),
-      popdist.isBackendInitialized(), popdist.execute_on_instances({0}, lambda: 7),
-      "horovod" in sys.modules)
-try:
-    popdist.init(backend="horovod")
-except popdist.PopdistError as exc:
-    print("second:", exc)
-popdist.finalizeBackend()
-print("after", popdist.isBackendInitialized(), dist.is_initialized())
-popdist.init()  # POPDIST_BACKEND=torch: starts again (torch allows it)
-print("again", popdist.isBackendInitialized())
-"""
-
-
-def test_torch_backend_starts_alone_without_horovod() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", SINGLE],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), env.BACKEND: "torch"},
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0] == "torch gloo 1 2.0 True 7 False"
-    assert lines[1].startswith("second: popdist.init(backend='horovod'): the torch backend")
-    assert lines[2:] == ["after False False", "again True"]
