@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -40,7 +41,6 @@ class TwoRanks:
 def two(monkeypatch: pytest.MonkeyPatch) -> TwoRanks:
     fake = TwoRanks()
     monkeypatch.setattr(collectives, "_collectives", lambda: fake)
-    monkeypatch.setattr(collectives.popdist, "getNumInstances", lambda: 2)
     return fake
 
 
@@ -64,13 +64,26 @@ def test_an_unknown_reduction_is_named() -> None:
         collectives.reduce(torch.ones(1), "prod")
 
 
-def test_one_instance_needs_no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_backend() -> None:
-        raise AssertionError("a single instance started a backend")
+def test_one_instance_uses_the_local_backend_and_starts_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A single instance goes through the same code, on popdist's null backend."""
+    import popdist
+    from popdist import env
 
-    monkeypatch.setattr(collectives, "_collectives", no_backend)
+    for name in (*env.ALL, env.OMPI_SIZE, env.OMPI_RANK):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setitem(sys.modules, "horovod.torch", None)  # starting Horovod would fail
+    assert collectives._collectives().name == popdist.collectives.LOCAL
     t = torch.ones(2)
-    assert collectives.reduce(t, "sum") is t
+    assert torch.equal(collectives.reduce(t, "sum"), t)
+    assert collectives.reduce(t, "mean").tolist() == [1.0, 1.0]
+    assert collectives.reduce(t, "max").tolist() == [1.0, 1.0]
+    assert t.tolist() == [1.0, 1.0]  # the caller's tensor is left alone
     assert collectives.broadcast("x") == "x"
     assert collectives.all_gather(t).shape == (1, 2)
+    assert collectives.reduce_boolean_decision(True) and not collectives.reduce_boolean_decision(
+        False
+    )
     collectives.barrier()
+    assert not popdist.isBackendInitialized()

@@ -48,6 +48,28 @@ def test_choose_device(
     assert got == expected
 
 
+@pytest.mark.parametrize(
+    ("backend", "processes", "expected"),
+    [
+        ("horovod", 2, placement.CPU),  # Horovod does not reduce CUDA tensors here
+        ("torch", 2, CUDA0),  # NCCL does
+        ("horovod", 1, CUDA0),  # one process: the local backend reduces nothing anywhere
+    ],
+)
+def test_the_device_follows_the_backends_declared_capability(
+    monkeypatch: pytest.MonkeyPatch, backend: str, processes: int, expected: torch.device
+) -> None:
+    from popdist import env
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.delenv(env.OFFLINE_MODE, raising=False)
+    monkeypatch.setenv(env.BACKEND, backend)
+    got = placement.instance_device(pipelined=False, num_processes=processes)
+    assert got == expected
+
+
 def test_this_cpu_only_machine_computes_on_the_cpu() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
