@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 POPRUN = str(Path(PY).parent / "poprun")
 sys.path.insert(0, str(ROOT))
-from poprun.mpirun import SINGLE_HOST_MCA  # noqa: E402
+from poprun.plan.mpirun import SINGLE_HOST_MCA  # noqa: E402
 
 MPIRUN_FLAGS = (
     ["--tag-output", "--bind-to", "none", "--allow-run-as-root"]

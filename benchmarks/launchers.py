@@ -36,7 +36,7 @@ INIT_TORCH = (
 
 def commands(n: int, baseline: bool = False) -> dict[str, dict[str, list[str]]]:
     """{job: {launcher: argv}} for ``n`` instances."""
-    from poprun.mpirun import SINGLE_HOST_MCA
+    from poprun.plan.mpirun import SINGLE_HOST_MCA
 
     poprun = [which("poprun"), "--num-instances", str(n), "--num-replicas", str(n)]
     mpirun = [*MPIRUN_BASE, "-np", str(n)]

@@ -15,7 +15,7 @@ compute thread per process:
   executor's conditions, so that a ratio against them takes the launcher's tuning out and
   measures the executor alone: plain torch on 128 launched by poprun
   (1 instance x 1 replica: same launcher, same environment), and DDP and Horovod on 2
-  processes with the glibc malloc settings poprun gives its instances (``poprun.environment``).
+  processes with the glibc malloc settings poprun gives its instances (``poprun.plan.environment``).
 
 Each launch warms up, then times ``--iters`` iterations of ``--batches`` steps and reports
 the median of the global samples/s (rank 0's clock; every step ends in a collective, so
@@ -343,7 +343,7 @@ def main() -> None:
         )
         keys.append("popdist-2x1-before")
     argvs = {f"{m}/{k}": _argv(k, m, timing) for m in models for k in keys}
-    from poprun.environment import ALLOCATOR_DEFAULTS
+    from poprun.plan.environment import ALLOCATOR_DEFAULTS
 
     faults: dict[str, list[float]] = {name: [] for name in argvs}
 

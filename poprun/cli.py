@@ -4,8 +4,8 @@ Before typer sees the arguments, :func:`normalise` splits off the program (every
 the first word that is not an option or an option's value) and gives yes/no options an
 explicit value: PopRun accepts ``--offline-mode``, ``--offline-mode yes`` and
 ``--offline-mode=1`` alike. Both it and typer's command come from
-:data:`poprun.options.OPTIONS`; typer's command (which imports pydantic, ~50 ms) is built
-only for ``--help`` and ``--version``. Every value is then checked by :mod:`poprun.config`.
+:data:`poprun.config.options.OPTIONS`; typer's command (which imports pydantic, ~50 ms) is built
+only for ``--help`` and ``--version``. Every value is then checked by :mod:`poprun.config.run_config`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from poprun import __version__, log
-from poprun.errors import EXIT_USAGE, PoprunError
-from poprun.options import (
+from poprun.config.options import (
     BOOL_WORDS,
     BY_KEY,
     FLAGS,
@@ -29,10 +28,11 @@ from poprun.options import (
     parse_bool,
     spelling_table,
 )
+from poprun.errors import EXIT_USAGE, PoprunError
 
 if TYPE_CHECKING:
-    from poprun.config import RunConfig
-    from poprun.topology import Topology
+    from poprun.config.run_config import RunConfig
+    from poprun.plan.topology import Topology
 
 HELP = (
     "Launch PROGRAM as --num-instances instances with mpirun, splitting --num-replicas "
@@ -104,11 +104,11 @@ def run(
     values: dict[str, Any], program: tuple[str, ...], environ: dict[str, str] | None = None
 ) -> int:
     """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched)."""
-    from poprun import config as cfg
-    from poprun.devices import check_pool, device_pool
-    from poprun.environment import forwarded_names, mpirun_environment, with_allocator_defaults
-    from poprun.mpirun import build_argv, find_mpirun, mca_from_environment, quote
-    from poprun.topology import render
+    from poprun.config import config_file
+    from poprun.plan.devices import check_pool, device_pool
+    from poprun.plan.environment import forwarded_names, mpirun_environment, with_allocator_defaults
+    from poprun.plan.mpirun import build_argv, find_mpirun, mca_from_environment, quote
+    from poprun.plan.topology import render
 
     environ = dict(os.environ if environ is None else environ)
     log.set_verbosity(int(values.get("verbose") or 0))
@@ -136,7 +136,7 @@ def run(
         names = ", ".join(option_name(k) for k, _ in config.vipu)
         log.warning(f"there is no V-IPU here: ignoring {names}")
     if export_path:
-        cfg.export_file(config, export_path, overwrite=overwrite)
+        config_file.export_file(config, export_path, overwrite=overwrite)
         log.info(f"wrote the configuration to {export_path}")
         if not config.program:
             return 0
@@ -152,15 +152,15 @@ def run(
 
 def _launch(config: RunConfig, topology: Topology, argv: list[str], env: dict[str, str]) -> int:
     """The ssh check (its connections kept for mpirun), then the supervised job."""
-    from poprun.hosts import is_local
-    from poprun.supervisor import supervise
+    from poprun.plan.hosts import is_local
+    from poprun.run.supervisor import supervise
 
     remote = [host for host in topology.hosts if not is_local(host)]
     shared = None
     if remote and config.ssh_check:
-        from poprun import reach
+        from poprun.run import ssh_check
 
-        shared = reach.check(remote, config.global_args(), env)
+        shared = ssh_check.check(remote, config.global_args(), env)
     try:
         return supervise(config, topology, argv, {**env, **(shared.env() if shared else {})})
     finally:
@@ -176,20 +176,20 @@ def _configure(
     overwrite: bool,
 ) -> RunConfig:
     """The run's configuration: the YAML file's values under the command line's, validated."""
-    from poprun import config as cfg
+    from poprun.config import config_file, run_config
 
     import_path = values.pop("import_config", None)
-    file_values = cfg.load_file(import_path) if import_path else None
+    file_values = config_file.load_file(import_path) if import_path else None
     if export_path:
-        cfg.check_export_path(export_path, overwrite=overwrite)
-    return cfg.build(
+        config_file.check_export_path(export_path, overwrite=overwrite)
+    return run_config.build(
         values, program, environ, file_values=file_values, require_program=not export_path
     )
 
 
 def _plan(config: RunConfig, environ: dict[str, str]) -> tuple[Topology, str | None]:
     """The topology (NUMA nodes measured here, assumed alike on other hosts) and numactl."""
-    from poprun.topology import local_numa_node_count, plan
+    from poprun.plan.topology import local_numa_node_count, plan
 
     numa = {}
     if config.process_placement == "spreadnuma":
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     from typer.exceptions import Exit
 
     if argv is None:  # the real command: closed or vanishing standard streams are no error
-        from poprun import console
+        from poprun.run.output import console
 
         console.install()
     args = list(sys.argv[1:] if argv is None else argv)

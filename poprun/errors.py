@@ -28,10 +28,3 @@ class PoprunError(ValueError):
             text = f"{text[:100]}… ({len(text)} characters)"
         shown = option if value is None else f"{option}={text}"
         super().__init__(f"{shown}: {problem}; fix: {fix}")
-
-
-def read_user_file(option: str, path: str, kind: str) -> str:
-    """The text of a user-named file, read safely: see :func:`poprun.userfile.read_user_file`."""
-    from poprun import userfile
-
-    return userfile.read_user_file(option, path, kind)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from poprun.direct_output import ENV, DirectOutput
+from poprun.run.output.fifos import ENV, DirectOutput
 from tests.launch.test_poprun_launch import poprun
 
 pytestmark = pytest.mark.launch

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from poprun.cli import main, normalise
-from poprun.config import RunConfig
-from poprun.environment import ALLOCATOR_DEFAULTS, with_allocator_defaults
+from poprun.config.run_config import RunConfig
+from poprun.plan.environment import ALLOCATOR_DEFAULTS, with_allocator_defaults
 
 pytestmark = pytest.mark.unit
 
@@ -179,7 +179,7 @@ def test_the_option_table_drives_help_yaml_and_export(
     from typer.main import get_command
 
     from poprun.cli import typer_app
-    from poprun.options import OPTIONS
+    from poprun.config.options import OPTIONS
 
     command = get_command(typer_app())
     spelled = {decl for param in command.params for decl in param.opts}
@@ -207,8 +207,8 @@ def test_the_option_table_drives_help_yaml_and_export(
 
 @pytest.mark.parametrize(("args", "expected"), [([], "horovod"), (["--backend", "torch"], "torch")])
 def test_backend_is_exported_to_every_instance(args: list[str], expected: str) -> None:
-    from poprun.config import build
-    from poprun.environment import mpirun_environment
+    from poprun.config.run_config import build
+    from poprun.plan.environment import mpirun_environment
 
     config = build({"backend": args[1]} if args else {}, ("true",), {"PATH": "/bin:/usr/bin"})
     assert config.backend == expected

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from poprun.console import QuietFd
+from poprun.run.output.console import QuietFd
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -28,7 +28,7 @@ def test_a_writer_whose_reader_went_away_goes_quiet() -> None:
 
 CHILD = """
 import sys
-from poprun import console
+from poprun.run.output import console
 console.install()
 for i in range(20000):
     print("line", i)
@@ -57,7 +57,7 @@ def test_install_survives_a_closed_reader_and_closed_fds() -> None:
 
 LEFTOVERS = """
 import os, subprocess, time
-from poprun import leftovers
+from poprun.run import leftovers
 assert leftovers.become_subreaper()
 others = set(leftovers.children(os.getpid()))  # never touch what was here before
 # A shell that starts a sleeper and exits: the sleeper is re-parented here (its output

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from poprun import config as cfg
 from poprun.cli import main
-from poprun.devices import check_pool, device_pool, instance_devices
-from poprun.environment import forwarded_names
+from poprun.config import run_config as cfg
 from poprun.errors import PoprunError
-from poprun.mpirun import build_argv
-from poprun.topology import plan
+from poprun.plan.devices import check_pool, device_pool, instance_devices
+from poprun.plan.environment import forwarded_names
+from poprun.plan.mpirun import build_argv
+from poprun.plan.topology import plan
 
 pytestmark = pytest.mark.unit
 
@@ -107,7 +107,7 @@ def test_the_cli_exits_2_on_a_short_pool_and_launches_nothing(
 
 def test_the_users_popdist_tuning_variables_reach_the_instances_and_no_other() -> None:
     """A stale contract variable is dropped; POPDIST_TORCH_* tuning is the user's to pass."""
-    from poprun.environment import mpirun_environment
+    from poprun.plan.environment import mpirun_environment
 
     environ = {
         "POPDIST_NUM_INSTANCES": "9",

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from poprun.hosts import is_local, local_addresses
+from poprun.plan.hosts import is_local, local_addresses
 
 pytestmark = pytest.mark.unit
 

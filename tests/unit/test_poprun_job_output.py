@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from popdist.error_record import record_line
-from poprun.config import RunConfig
-from poprun.job_output import JobOutput
-from poprun.outcome import RunResult, decide
-from poprun.topology import plan
+from poprun.config.run_config import RunConfig
+from poprun.plan.topology import plan
+from poprun.run.output.router import JobOutput
+from poprun.run.verdict import RunResult, decide
 
 pytestmark = pytest.mark.unit
 

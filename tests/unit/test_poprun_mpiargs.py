@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from poprun.config.mpi_args import check_mpi_args
 from poprun.errors import PoprunError
-from poprun.mpiargs import check_mpi_args
 
 pytestmark = pytest.mark.unit
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from poprun import config as cfg
-from poprun.mpirun import WRAPPER, build_argv, mca_from_environment
-from poprun.topology import plan, spread_numa
+from poprun.config import run_config as cfg
+from poprun.plan.mpirun import WRAPPER, build_argv, mca_from_environment
+from poprun.plan.topology import plan, spread_numa
 
 pytestmark = pytest.mark.unit
 

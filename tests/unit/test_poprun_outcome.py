@@ -8,9 +8,9 @@ import signal
 import pytest
 
 from popdist import error_record
-from poprun.outcome import InstanceResult, RunResult, decide
-from poprun.output import InstanceStream
-from poprun.report import ErrorRecord, Failure
+from poprun.run.evidence import ErrorRecord, Failure
+from poprun.run.output.instance_stream import InstanceStream
+from poprun.run.verdict import InstanceResult, RunResult, decide
 
 pytestmark = pytest.mark.unit
 

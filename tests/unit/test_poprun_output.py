@@ -11,9 +11,11 @@ from types import FrameType
 
 import pytest
 
-from poprun import output
-from poprun.output import InstanceStream, LineSplitter, TagDemux
-from poprun.report import MpirunMessages
+from poprun.run.evidence import MpirunMessages
+from poprun.run.output import instance_stream as output
+from poprun.run.output import tags
+from poprun.run.output.instance_stream import InstanceStream, LineSplitter
+from poprun.run.output.tags import TagDemux
 
 pytestmark = pytest.mark.unit
 
@@ -135,13 +137,13 @@ def test_signal_message_and_unrelated_box() -> None:
     assert "Some other trouble" in shown
 
 
-def _line_events(fn: Callable[[], object], budget: int) -> int:
-    """How many Python lines of poprun.output ``fn`` executes; raises past ``budget``."""
+def _line_events(fn: Callable[[], object], budget: int, module: str = output.__file__) -> int:
+    """How many Python lines of ``module`` ``fn`` executes; raises past ``budget``."""
     count = 0
 
     def tracer(frame: FrameType, event: str, arg: object) -> object:
         nonlocal count
-        if frame.f_code.co_filename != output.__file__:
+        if frame.f_code.co_filename != module:
             return None
         if event == "line":
             count += 1
@@ -186,7 +188,7 @@ def test_tag_demux_hands_on_a_tagged_flood_in_one_piece() -> None:
     lines = [b"[1,0]<stdout>:" + b"y" * 200 + b"\n" for _ in range(500)]
     seen: list[bytes] = []
     demux = TagDemux(lambda rank, kind, data: seen.append(data), lambda data: None)
-    _line_events(lambda: demux.feed(b"".join(lines)), budget=500 * 40)
+    assert _line_events(lambda: demux.feed(b"".join(lines)), 500 * 40, tags.__file__) > 0
     assert seen == [b"".join(line[len(b"[1,0]<stdout>:") :] for line in lines)]
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from poprun.config.paths import check_file_target, check_output_dir
 from poprun.errors import PoprunError
-from poprun.paths import check_file_target, check_output_dir
 
 pytestmark = pytest.mark.unit
 

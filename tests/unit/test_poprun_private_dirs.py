@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun import leftovers
+from poprun.run import leftovers
 
 pytestmark = pytest.mark.unit
 

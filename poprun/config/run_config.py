@@ -1,7 +1,7 @@
 """The run configuration: command-line values and an optional YAML file → one frozen RunConfig.
 
 All validation happens here, before anything is launched. Each option's own value is read
-and checked by its row of :data:`poprun.options.OPTIONS`; the rules *between* options
+and checked by its row of :data:`poprun.config.options.OPTIONS`; the rules *between* options
 (replicas divisible by instances, hosts dividing instances, instance indices in range, the
 older ``--numa-aware`` agreeing with ``--process-placement``) are the small functions below.
 Each bad value raises a :class:`~poprun.errors.PoprunError` naming the option, the value
@@ -17,21 +17,19 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from popdist.env import BACKENDS
-from poprun import userfile
-from poprun.errors import PoprunError, read_user_file
-from poprun.hosts import is_local, parse_host_file, parse_host_list
-from poprun.mpiargs import check_mpi_args
-from poprun.options import (
+from poprun.config.mpi_args import check_mpi_args
+from poprun.config.options import (
     BY_KEY,
-    FILE_KEYS,
     OPTIONS,
     VIPU_OPTIONS,
     parse_bool,
     split_words,
 )
-from poprun.paths import check_file_target, check_output_dir
+from poprun.config.paths import check_output_dir
+from poprun.errors import PoprunError
+from poprun.plan.hosts import is_local, parse_host_file, parse_host_list
 
-__all__ = ["RunConfig", "build", "check_export_path", "export_file", "load_file", "parse_bool"]
+__all__ = ["RunConfig", "build", "parse_bool"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class RunConfig:
     def to_file_values(self) -> dict[str, Any]:
         """The effective configuration as YAML-ready values (``--export-config``).
 
-        Written in :data:`~poprun.options.OPTIONS` order: the options marked ``always``,
+        Written in :data:`~poprun.config.options.OPTIONS` order: the options marked ``always``,
         then every other one that is set.
         """
         out: dict[str, Any] = {}
@@ -244,50 +242,6 @@ def _check_exec_format(name: str) -> None:
     )
 
 
-def load_file(path: str) -> dict[str, Any]:
-    """Read an ``--import-config`` YAML file (``safe_load``) into canonical keys."""
-    option = "--import-config"
-    text = read_user_file(option, path, "YAML file")
-    import yaml  # only when a file is imported: keeps start-up light
-
-    try:
-        data = userfile.load_yaml(option, path, text)  # aliases counted: no anchor bombs
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PoprunError(
-            option, path, f"is not valid YAML{where}", "fix the file's syntax"
-        ) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise PoprunError(
-            option,
-            path,
-            "is not a mapping of option names to values",
-            "write lines like 'num-replicas: 4'",
-        )
-    out: dict[str, Any] = {}
-    for raw_key, value in data.items():
-        key = str(raw_key).strip().lstrip("-").replace("-", "_")
-        if key not in FILE_KEYS and key in BY_KEY:
-            raise PoprunError(
-                option,
-                path,
-                f"key {raw_key!r} is a poprun option of the command line only",
-                f"pass --{key.replace('_', '-')} on the command line, not in the file",
-            )
-        if key not in FILE_KEYS:
-            raise PoprunError(
-                option,
-                path,
-                f"unknown key {raw_key!r}",
-                "use poprun's option names (num-replicas, host, mpi-local-args, ...); see poprun --help",
-            )
-        out[key] = value
-    return out
-
-
 def _merge(cli: Mapping[str, Any], file_values: Mapping[str, Any] | None) -> dict[str, Any]:
     """File values overridden by the command line (the hosts as a whole: -H or a file)."""
     given = {k: v for k, v in cli.items() if v is not None and v != [] and v != ()}
@@ -344,29 +298,3 @@ def build(
     # Every other option with a RunConfig field of its own name is stored as read.
     same = {k: v for k, v in values.items() if k in _FIELDS and k not in derived}
     return RunConfig(program=tuple(program), **derived, **same)
-
-
-def export_file(config: RunConfig, path: str, *, overwrite: bool) -> None:
-    """Write the effective configuration as YAML (refusing to overwrite unless told)."""
-    import yaml
-
-    text = yaml.safe_dump(config.to_file_values(), sort_keys=False, default_flow_style=False)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
-    fd = os.open(path, flags, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-
-
-def check_export_path(path: str, *, overwrite: bool) -> None:
-    """Refuse an ``--export-config`` target before anything happens."""
-    option = "--export-config"
-    if os.path.isdir(path):
-        raise PoprunError(option, path, "is a directory", "give a file path")
-    if os.path.exists(path) and not overwrite:
-        raise PoprunError(
-            option, path, "already exists", "choose another path or add --overwrite-config=yes"
-        )
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise PoprunError(option, path, f"directory {parent} does not exist", "create it first")
-    check_file_target(option, path)

@@ -1,7 +1,7 @@
 """Everything one job writes, routed: instance streams, their pids and error records, mpirun's text.
 
 The supervisor feeds it the demultiplexed output of mpirun's pipes; it owns each instance's
-:class:`~poprun.output.InstanceStream` (console, ``--output-dir`` file, stderr tail), learns
+:class:`~poprun.run.output.instance_stream.InstanceStream` (console, ``--output-dir`` file, stderr tail), learns
 each instance's pid from its first stderr line, collects the structured error records
 instances write, and recognises mpirun's own failure notes. At the end it gives the
 supervisor's result record its per-instance part (:meth:`JobOutput.results`).
@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from poprun import log
-from poprun.config import RunConfig
-from poprun.outcome import InstanceResult
-from poprun.output import InstanceStream, open_output_file
-from poprun.report import ErrorRecord, MpirunMessages
-from poprun.topology import Topology
+from poprun.config.run_config import RunConfig
+from poprun.plan.topology import Topology
+from poprun.run.evidence import ErrorRecord, MpirunMessages
+from poprun.run.output.instance_stream import InstanceStream, open_output_file
+from poprun.run.verdict import InstanceResult
 
 
 class JobOutput:

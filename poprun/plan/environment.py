@@ -11,13 +11,13 @@ import re
 from collections.abc import Mapping, Sequence
 
 from popdist import env as contract
-from poprun.config import RunConfig
-from poprun.devices import VISIBLE_DEVICES, instance_devices
-from poprun.topology import InstancePlan
+from poprun.config.run_config import RunConfig
+from poprun.plan.devices import VISIBLE_DEVICES, instance_devices
+from poprun.plan.topology import InstancePlan
 
 #: Never forwarded: shell functions, the shell's bookkeeping, the launcher's own variables
 #: (mpirun sets OMPI_*/PMIX_*; poprun sets POPDIST_* and each instance's slice of
-#: CUDA_VISIBLE_DEVICES per instance, see :mod:`poprun.devices`).
+#: CUDA_VISIBLE_DEVICES per instance, see :mod:`poprun.plan.devices`).
 DENY_PREFIXES: tuple[str, ...] = ("BASH_FUNC_", "OMPI_", "PMIX_", "POPDIST_")
 DENY_NAMES = frozenset({"OLDPWD", "_", "PWD", "SHLVL", VISIBLE_DEVICES})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -3,14 +3,14 @@
 mpirun forwards its instances' output through its own event loop, in pieces of at most
 4 KiB, each tagged ``[1,rank]<stdout>:``; on one core that loop tops out near 100 MB/s, and
 poprun then has to undo the framing. An instance on poprun's own host needs none of that:
-its wrapper (:data:`poprun.mpirun.WRAPPER`) points its stdout and stderr at two FIFOs poprun
+its wrapper (:data:`poprun.plan.mpirun.WRAPPER`) points its stdout and stderr at two FIFOs poprun
 made in a private directory, named by :data:`ENV`. Only mpirun's local children inherit that
 variable (poprun never forwards it with ``-x``), so instances on other hosts keep mpirun's
 forwarding, and the wrapper falls back to it wherever the FIFOs are missing. The bytes read
 from a FIFO are the instance's own: nothing to demultiplex.
 
 A FIFO that no instance opened reports nothing to ``epoll``, and a non-blocking read of it
-returns end of file (no writer): :meth:`Supervisor <poprun.supervisor.Supervisor>` reads
+returns end of file (no writer): :meth:`Supervisor <poprun.run.supervisor.Supervisor>` reads
 every FIFO once when mpirun has exited, so one whose wrapper never ran is closed there.
 """
 
@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from poprun import leftovers
+from poprun.run import leftovers
 
 #: The environment variable with the FIFOs' directory (``<dir>/<instance>.<stdout|stderr>``).
 ENV = "POPRUN_DIRECT_OUTPUT"

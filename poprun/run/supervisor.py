@@ -1,10 +1,10 @@
 """Run mpirun and supervise it: the only module with side effects.
 
 Event-driven (one ``selectors`` loop over mpirun's two pipes, a pidfd for its exit and a
-wake-up pipe for signals): routes output (:mod:`poprun.job_output`), forwards
+wake-up pipe for signals): routes output (:mod:`poprun.run.output.router`), forwards
 SIGINT/SIGTERM/SIGHUP, enforces ``--timeout`` and ends the whole job on the first failure.
 It only *records* what happened: :class:`Supervisor` returns a
-:class:`~poprun.outcome.RunResult`, and :func:`poprun.outcome.decide` (pure) turns that into
+:class:`~poprun.run.verdict.RunResult`, and :func:`poprun.run.verdict.decide` (pure) turns that into
 the exit code and the root-cause report; :func:`supervise` does both.
 
 mpirun runs in its own session (so Ctrl-C on one poprun never reaches another job) with
@@ -26,14 +26,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 from poprun import log
-from poprun.config import RunConfig
-from poprun.direct_output import DirectOutput, enlarge_pipe
-from poprun.hosts import is_local
-from poprun.job_output import JobOutput
-from poprun.outcome import RunResult, decide
-from poprun.output import TagDemux
-from poprun.processes import JobProcesses
-from poprun.topology import Topology
+from poprun.config.run_config import RunConfig
+from poprun.plan.hosts import is_local
+from poprun.plan.topology import Topology
+from poprun.run.output.fifos import DirectOutput, enlarge_pipe
+from poprun.run.output.router import JobOutput
+from poprun.run.output.tags import TagDemux
+from poprun.run.processes import JobProcesses
+from poprun.run.verdict import RunResult, decide
 
 #: After the first failure, a signal or the time-out: how long mpirun gets to end the job
 #: itself before poprun SIGKILLs every instance it knows on this host...
@@ -63,7 +63,7 @@ class Feed(Protocol):
 def supervise(
     config: RunConfig, topology: Topology, argv: Sequence[str], env: Mapping[str, str]
 ) -> int:
-    """Run the job, print the report :func:`~poprun.outcome.decide` gives, return the code.
+    """Run the job, print the report :func:`~poprun.run.verdict.decide` gives, return the code.
 
     With ``--max-restarts N``, a job that failed (not one ended by a signal poprun received,
     nor by ``--timeout``) is launched again, up to N times; the program resumes from its
@@ -140,7 +140,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class Supervisor:
-    """One run of mpirun, from start to a :class:`~poprun.outcome.RunResult`."""
+    """One run of mpirun, from start to a :class:`~poprun.run.verdict.RunResult`."""
 
     def __init__(
         self,

@@ -33,8 +33,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from poprun import leftovers
 from poprun.errors import PoprunError
+from poprun.run import leftovers
 
 #: ssh's own connection time-out, and how much longer the whole check may take.
 CONNECT_TIMEOUT_S = 5

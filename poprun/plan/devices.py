@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from poprun.errors import PoprunError
-from poprun.topology import InstancePlan, Topology
+from poprun.plan.topology import InstancePlan, Topology
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 

@@ -12,7 +12,7 @@ Shape::
 
 ``WRAPPER`` is ``/bin/sh -c '<FIFOs>; printf ... >&2; exec "$@"' poprun-instance``: on
 poprun's own host it points the instance's stdout and stderr at poprun's FIFOs
-(:mod:`poprun.direct_output`), it reports the instance's pid as the first line of its stderr
+(:mod:`poprun.run.output.fifos`), it reports the instance's pid as the first line of its stderr
 (poprun strips it) and then *becomes* the program, so the program's argv is untouched and
 its pid is the one reported.
 
@@ -38,14 +38,14 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 
-from poprun.config import RunConfig
-from poprun.environment import instance_values, shared_values
+from poprun.config.run_config import RunConfig
 from poprun.errors import PoprunError
-from poprun.topology import Topology
+from poprun.plan.environment import instance_values, shared_values
+from poprun.plan.topology import Topology
 
 #: The first line each instance writes to its stderr, before exec'ing the program.
 PID_MARKER = b"\x1fpoprun-pid="
-#: Where poprun made FIFOs for this instance (``poprun.direct_output``), the wrapper points
+#: Where poprun made FIFOs for this instance (``poprun.run.output.fifos``), the wrapper points
 #: its stdout and stderr at them; everywhere else mpirun forwards them.
 _DIRECT = (
     'd=$POPRUN_DIRECT_OUTPUT; unset POPRUN_DIRECT_OUTPUT; f="$d/$POPDIST_INSTANCE_INDEX"; '
@@ -115,7 +115,7 @@ def build_argv(
 
     ``user_mca`` names the MCA parameters the user set in the environment
     (``OMPI_MCA_<name>``); poprun's single-host defaults never override them.
-    ``device_pool`` is the user's ``CUDA_VISIBLE_DEVICES`` (:mod:`poprun.devices`).
+    ``device_pool`` is the user's ``CUDA_VISIBLE_DEVICES`` (:mod:`poprun.plan.devices`).
     """
     user_global = config.global_args()
     argv = [mpirun, "--tag-output"]

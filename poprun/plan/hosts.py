@@ -7,8 +7,8 @@ import ipaddress
 import re
 import socket
 
+from poprun.config.user_files import read_user_file
 from poprun.errors import PoprunError
-from poprun.userfile import read_user_file
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")

@@ -1,6 +1,6 @@
 """What a finished job means (pure): the supervisor's result record → exit code and report.
 
-The supervisor (:mod:`poprun.supervisor`) only runs the job and records what it saw in a
+The supervisor (:mod:`poprun.run.supervisor`) only runs the job and records what it saw in a
 :class:`RunResult`; :func:`decide` turns that record into poprun's exit code and the text it
 prints. Every branch (signals, time-out, first failure, unknown status, error records,
 escalation) is a plain function of the record, so each is unit-tested without a process.
@@ -12,7 +12,7 @@ import signal
 from dataclasses import dataclass
 
 from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIMEOUT
-from poprun.report import ErrorRecord, Failure, failure_report
+from poprun.run.evidence import ErrorRecord, Failure, failure_report
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from poprun.config import RunConfig
+from poprun.config.run_config import RunConfig
 
 LOCALHOST = "localhost"
 

@@ -1,7 +1,7 @@
 """The job's processes on this host: its instances by pid and process group, and what they
 leave behind.
 
-:class:`~poprun.supervisor.Supervisor` decides *when* to signal, stop or kill; this module
+:class:`~poprun.run.supervisor.Supervisor` decides *when* to signal, stop or kill; this module
 knows *whom*: the local instances (by pid, from mpirun's pid lines), their process groups,
 mpirun's other children, the Open MPI shared-memory files of instances poprun kills, and the
 orphans that re-parent to poprun (a child subreaper). Everything is addressed by id, never by
@@ -16,9 +16,10 @@ import signal
 import time
 from collections.abc import Mapping
 
-from poprun import leftovers, log
-from poprun.hosts import is_local
-from poprun.topology import Topology
+from poprun import log
+from poprun.plan.hosts import is_local
+from poprun.plan.topology import Topology
+from poprun.run import leftovers
 
 #: Once every instance has exited while mpirun has not: how long mpirun gets to end before
 #: poprun kills what the instances left behind (a child holding their output open keeps

@@ -6,7 +6,7 @@ the fix), whether a YAML file may set it and how ``--export-config`` writes it b
 command line (:mod:`poprun.cli`: typer's command and the fast pre-parser are both generated
 from :data:`OPTIONS`), the YAML import and export and the yes/no words all read this table,
 so an option added here is everywhere at once. Rules between options (replicas divisible by
-instances, hosts dividing instances, ...) are in :mod:`poprun.config`.
+instances, hosts dividing instances, ...) are in :mod:`poprun.config.run_config`.
 """
 
 from __future__ import annotations
