@@ -1,110 +1,54 @@
-"""The ``poprun`` command line (PopRun's option names), built on typer from the option table.
+"""The ``poprun`` command line: arguments in, exit code out.
 
-Before typer sees the arguments, :func:`normalise` splits off the program (everything from
-the first word that is not an option or an option's value) and gives yes/no options an
+:func:`main` installs poprun's signal handlers before anything else that takes time (see
+:mod:`poprun.run.signals`), so a signal at any moment after that ends poprun with 128+N,
+never by the signal itself; called in-process, it puts the caller's handlers back on every
+path. Before typer sees the arguments, :func:`normalise` splits off the program (everything
+from the first word that is not an option or an option's value) and gives yes/no options an
 explicit value: PopRun accepts ``--offline-mode``, ``--offline-mode yes`` and
-``--offline-mode=1`` alike. Both it and typer's command come from
-:data:`poprun.config.options.OPTIONS`; typer's command (which imports pydantic, ~50 ms) is built
-only for ``--help`` and ``--version``. Every value is then checked by :mod:`poprun.config.run_config`.
+``--offline-mode=1`` alike. Both it and typer's command (:mod:`poprun.config.command`, built
+only for ``--help``, ``--version`` and odd input) come from
+:data:`poprun.config.options.OPTIONS`. Every value is then checked by
+:mod:`poprun.config.run_config`; :func:`run` plans and launches.
 """
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
-
-from poprun import __version__, log
-from poprun.config.options import (
-    BOOL_WORDS,
-    BY_KEY,
-    FLAGS,
-    OPTIONS,
-    option_name,
-    parse_bool,
-    spelling_table,
-)
+from poprun import log
 from poprun.errors import EXIT_USAGE, PoprunError
 
 if TYPE_CHECKING:
     from poprun.config.run_config import RunConfig
     from poprun.plan.topology import Topology
-
-HELP = (
-    "Launch PROGRAM as --num-instances instances with mpirun, splitting --num-replicas "
-    "replicas evenly over them (PopRun-compatible). Exit code: 0 when every instance "
-    "succeeds; the first failing instance's code (128+N for signal N); 124 at --timeout; "
-    "2 for a usage error (nothing launched)."
-)
-
-
-def _command(**values: Any) -> None:
-    """Collect the options typer parsed; :func:`run` does the work."""
-    program = values.pop("program")
-    if values.pop("version"):
-        sys.stdout.write(f"poprun {__version__} (PopRun-compatible launcher on Open MPI)\n")
-        raise typer.Exit(0)
-    if values.pop("vv"):
-        values["verbose"] = max(values["verbose"], 2)
-    raise typer.Exit(run(values, tuple(program or ())))
-
-
-def _parameters() -> list[inspect.Parameter]:
-    """typer's parameters for :func:`_command`, one per row of the option table."""
-
-    def param(name: str, kind: Any, info: Any, default: Any = None) -> inspect.Parameter:
-        return inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info]
-        )
-
-    params = [
-        param(
-            "program",
-            list[str] | None,
-            typer.Argument(metavar="PROGRAM [ARGS]...", help="program and its arguments"),
-        )
-    ]
-    for option in OPTIONS:
-        info = typer.Option(
-            *option.spellings,
-            metavar=option.metavar,
-            help=option.help or None,
-            hidden=option.hidden,
-        )
-        params.append(param(option.key, list[str] | None if option.multiple else str | None, info))
-    (verbose, verbose_help), (vv, vv_help), (version, version_help), _ = FLAGS
-    params.append(param("verbose", int, typer.Option(*verbose, count=True, help=verbose_help), 0))
-    params.append(param("vv", bool, typer.Option(*vv, help=vv_help), False))
-    params.append(param("version", bool, typer.Option(*version, help=version_help), False))
-    return params
-
-
-def typer_app() -> typer.Typer:
-    """The typer application (built only for ``--help``, ``--version`` and odd input)."""
-    params = _parameters()
-    _command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    _command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
-    app = typer.Typer(
-        rich_markup_mode=None,
-        add_completion=False,
-        context_settings={
-            "help_option_names": ["-h", "--help"],
-            "allow_interspersed_args": False,
-        },
-    )
-    app.command(help=HELP, no_args_is_help=False)(_command)
-    return app
+    from poprun.run.signals import SignalInbox
 
 
 def run(
-    values: dict[str, Any], program: tuple[str, ...], environ: dict[str, str] | None = None
+    values: dict[str, Any],
+    program: tuple[str, ...],
+    environ: dict[str, str] | None = None,
+    *,
+    inbox: SignalInbox | None = None,
 ) -> int:
-    """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched)."""
+    """Validate, plan and launch. Raises :class:`PoprunError` for bad input (nothing launched).
+
+    ``inbox``: poprun's signal handlers, installed by :func:`main` (a caller of ``run``
+    without it gets them for the run, and its own back afterwards).
+    """
+    from poprun.run.signals import SignalInbox
+
+    if inbox is None:
+        own = SignalInbox().install()
+        try:
+            return run(values, program, environ, inbox=own)
+        finally:
+            own.restore()
     from poprun.config import config_file
+    from poprun.config.options import option_name, parse_bool
     from poprun.plan.devices import check_pool, device_pool
     from poprun.plan.environment import forwarded_names, mpirun_environment, with_allocator_defaults
     from poprun.plan.mpirun import build_argv, find_mpirun, mca_from_environment, quote
@@ -147,10 +91,16 @@ def run(
     if config.dry_run:
         sys.stdout.write(quote(argv) + "\n")
         return 0
-    return _launch(config, topology, argv, mpirun_environment(config, environ))
+    return _launch(config, topology, argv, mpirun_environment(config, environ), inbox)
 
 
-def _launch(config: RunConfig, topology: Topology, argv: list[str], env: dict[str, str]) -> int:
+def _launch(
+    config: RunConfig,
+    topology: Topology,
+    argv: list[str],
+    env: dict[str, str],
+    inbox: SignalInbox,
+) -> int:
     """The ssh check (its connections kept for mpirun), then the supervised job."""
     from poprun.plan.hosts import is_local
     from poprun.run.supervisor import supervise
@@ -162,7 +112,7 @@ def _launch(config: RunConfig, topology: Topology, argv: list[str], env: dict[st
 
         shared = ssh_check.check(remote, config.global_args(), env)
     try:
-        return supervise(config, topology, argv, {**env, **(shared.env() if shared else {})})
+        return supervise(config, topology, argv, {**env, **(shared.env() if shared else {})}, inbox)
     finally:
         if shared is not None:
             shared.close()
@@ -209,7 +159,9 @@ def _plan(config: RunConfig, environ: dict[str, str]) -> tuple[Topology, str | N
 
 
 def _fast_values(options: list[str]) -> dict[str, Any] | None:
-    """The option values without click (start-up speed); None when click must handle it."""
+    """The option values without typer (start-up speed); None when typer must handle it."""
+    from poprun.config.options import BY_KEY
+
     values: dict[str, Any] = {}
     for option in options:
         name, _, value = option.partition("=")
@@ -238,6 +190,10 @@ _MPIRUN_SPELLINGS = {
 
 def normalise(args: list[str]) -> tuple[list[str], list[str]]:
     """Split ``args`` into (options in ``--name=value`` form, program and its arguments)."""
+    import difflib
+
+    from poprun.config.options import BOOL_WORDS, OPTIONS, spelling_table
+
     table = spelling_table()
     yes_no = {option.name for option in OPTIONS if option.yes_no}
     options: list[str] = []
@@ -296,11 +252,24 @@ def normalise(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``poprun`` console script."""
-    import typer.main
-    from typer._click.exceptions import ClickException
-    from typer.exceptions import Exit
+    """Entry point of the ``poprun`` console script (``argv`` None), or an in-process run.
 
+    The signal handlers go in first; in-process, the caller's are put back on every path.
+    """
+    from poprun.run.signals import Interrupted, SignalInbox
+
+    inbox = SignalInbox().install()
+    try:
+        return _main(argv, inbox)
+    except Interrupted as stop:  # a signal before the job was launched
+        return 128 + stop.signum
+    finally:
+        if argv is not None:
+            inbox.restore()
+
+
+def _main(argv: list[str] | None, inbox: SignalInbox) -> int:
+    """Read the command line and run it; a usage error is one line and exit code 2."""
     if argv is None:  # the real command: closed or vanishing standard streams are no error
         from poprun.run.output import console
 
@@ -309,20 +278,34 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options, program = normalise(args)
         values = _fast_values(options)
-        if values is not None:
-            return run(values, tuple(program))
-        command_ = typer.main.get_command(typer_app())
-        result = command_.main(
-            [*options, "--", *program], prog_name="poprun", standalone_mode=False
-        )
-        return int(result or 0)
-    except Exit as done:
-        return int(done.exit_code)
+        if values is None:  # --help, --version, odd input: typer's command reads it
+            parsed = _typer_values(options, program)
+            if isinstance(parsed, int):
+                return parsed
+            values, program = parsed[0], list(parsed[1])
+        return run(values, tuple(program), inbox=inbox)
     except PoprunError as error:
         sys.stderr.write(f"poprun: error: {error}\n")
         return EXIT_USAGE
-    except ClickException as error:
+
+
+def _typer_values(
+    options: list[str], program: list[str]
+) -> int | tuple[dict[str, Any], tuple[str, ...]]:
+    """typer's reading of the options: (values, program), or the exit code it ends with."""
+    import typer.main
+    from typer import Exit, TyperException
+
+    from poprun.config.command import typer_app
+
+    command = typer.main.get_command(typer_app())
+    try:
+        result = command.main([*options, "--", *program], prog_name="poprun", standalone_mode=False)
+    except Exit as done:
+        return int(done.exit_code)
+    except TyperException as error:  # click's usage errors (typer vendors click)
         sys.stderr.write(f"poprun: error: {error.format_message()}; fix: see poprun --help\n")
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
+    if isinstance(result, tuple):
+        return result
+    return int(result or 0)

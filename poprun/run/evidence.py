@@ -1,12 +1,12 @@
-"""Failure evidence → poprun's root-cause report.
+"""What names a failing instance: its own error record, or mpirun's failure boxes.
 
 Two sources name a failing instance. An instance that raised writes its own structured
 :class:`ErrorRecord` (:mod:`popdist.error_record`) on its stderr; that answer does not
 depend on mpirun's wording and works for remote instances. For anything else (a shell
 script's exit code, a signal) mpirun's diagnostics, printed in boxes of dashes, name the
-first failing process: :class:`MpirunMessages` reads those and swallows them. The report
-names the instance, host, pid, exit code or signal, and then the exception from the record,
-or else the last lines of that instance's stderr.
+first failing process: :class:`MpirunMessages` reads those and swallows them. The report built
+from them (:mod:`poprun.run.verdict`) names the instance, host, pid, exit code or signal,
+and then the exception from the record, or else the last lines of that instance's stderr.
 """
 
 from __future__ import annotations
@@ -161,28 +161,3 @@ class MpirunMessages:
         if "mpirun noticed" in text or "mpirun detected" in text:
             recognised = True
         return recognised
-
-
-def failure_report(
-    failure: Failure,
-    *,
-    host: str,
-    pid: int | None,
-    tail: list[str],
-    exit_code: int,
-    error: ErrorRecord | None = None,
-) -> str:
-    """The root-cause report printed when an instance fails."""
-    where = f"host {host}, pid {pid if pid is not None else 'unknown'}"
-    lines = [f"poprun: instance {failure.instance} failed first: {failure.describe()} ({where})"]
-    if error is not None:
-        message = f"{error.type}: {error.message}" if error.message else error.type
-        lines.append(f"poprun: instance {failure.instance} raised {message}")
-        lines.extend(f"    {line}" for line in error.traceback.rstrip("\n").splitlines())
-    elif tail:
-        lines.append(f"poprun: last {len(tail)} lines of instance {failure.instance}'s stderr:")
-        lines.extend(f"    {line}" for line in tail)
-    else:
-        lines.append(f"poprun: instance {failure.instance} wrote nothing to stderr")
-    lines.append(f"poprun: ended every other instance of the job; exit code {exit_code}")
-    return "\n".join(lines)

@@ -1,9 +1,10 @@
-"""What a finished job means (pure): the supervisor's result record → exit code and report.
+"""The verdict on a finished run (pure): its record → poprun's exit code and root-cause report.
 
-The supervisor (:mod:`poprun.run.supervisor`) only runs the job and records what it saw in a
-:class:`RunResult`; :func:`decide` turns that record into poprun's exit code and the text it
-prints. Every branch (signals, time-out, first failure, unknown status, error records,
-escalation) is a plain function of the record, so each is unit-tested without a process.
+The ending policy (:mod:`poprun.run.ending`) fills a :class:`RunResult` from the events it
+decided on and the evidence the supervisor collected (:mod:`poprun.run.evidence`);
+:func:`decide` turns that record into poprun's exit code and the text it prints. Every
+branch (signals, time-out, first failure, unknown status, error records, escalation) is a
+plain function of the record, so each is unit-tested without a process.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 from dataclasses import dataclass
 
 from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIMEOUT
-from poprun.run.evidence import ErrorRecord, Failure, failure_report
+from poprun.run.evidence import ErrorRecord, Failure
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,13 @@ def decide(result: RunResult) -> tuple[int, str]:
 
 
 def _decide(result: RunResult) -> tuple[int, str]:
+    if result.returncode is None and result.launch_error is None and result.signals:
+        code = 128 + result.signals[0]
+        name = _signal_name(result.signals[0])
+        return (
+            code,
+            f"poprun: received {name} before the job started; nothing was launched; exit code {code}",
+        )
     if result.returncode is None:
         return EXIT_LAUNCH_FAILED, f"poprun: cannot start mpirun: {result.launch_error}"
     if result.signals:
@@ -212,3 +220,28 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def failure_report(
+    failure: Failure,
+    *,
+    host: str,
+    pid: int | None,
+    tail: list[str],
+    exit_code: int,
+    error: ErrorRecord | None = None,
+) -> str:
+    """The root-cause report printed when an instance fails."""
+    where = f"host {host}, pid {pid if pid is not None else 'unknown'}"
+    lines = [f"poprun: instance {failure.instance} failed first: {failure.describe()} ({where})"]
+    if error is not None:
+        message = f"{error.type}: {error.message}" if error.message else error.type
+        lines.append(f"poprun: instance {failure.instance} raised {message}")
+        lines.extend(f"    {line}" for line in error.traceback.rstrip("\n").splitlines())
+    elif tail:
+        lines.append(f"poprun: last {len(tail)} lines of instance {failure.instance}'s stderr:")
+        lines.extend(f"    {line}" for line in tail)
+    else:
+        lines.append(f"poprun: instance {failure.instance} wrote nothing to stderr")
+    lines.append(f"poprun: ended every other instance of the job; exit code {exit_code}")
+    return "\n".join(lines)

@@ -178,7 +178,7 @@ def test_the_option_table_drives_help_yaml_and_export(
 ) -> None:
     from typer.main import get_command
 
-    from poprun.cli import typer_app
+    from poprun.config.command import typer_app
     from poprun.config.options import OPTIONS
 
     command = get_command(typer_app())

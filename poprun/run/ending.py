@@ -1,0 +1,308 @@
+"""The ending policy (pure): from one run's events and a clock, what to do next and how it ends.
+
+Every way a run ends goes through :class:`EndingPolicy`: an instance fails (mpirun announces
+the abort, or exits), a signal reaches poprun (a second one too), ``--timeout`` passes, the
+output streams close or stay open after mpirun has gone, a failed job is launched again
+(``--max-restarts``). The supervisor (:mod:`poprun.run.supervisor`) tells the policy what
+happened and carries out the :class:`Action` s it answers with; it keeps no timer and makes
+no choice of its own. At the end :meth:`EndingPolicy.ending` gives the exit code, the report
+(:func:`poprun.run.verdict.decide`) and whether to launch the job again.
+
+The policy reads time only from the clock it is given, starts no process and makes no
+system call: its unit tests drive it with a fake clock, event by event.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from poprun.run.evidence import Failure
+from poprun.run.verdict import InstanceResult, RunResult, decide
+
+#: After the first failure, a signal or the time-out: how long mpirun gets to end the job
+#: itself before poprun SIGKILLs every instance it knows on this host...
+GRACE_S = 1.5
+#: ... or, when some instances run on other hosts, this long: mpirun needs about 2 s to end
+#: a multi-host job (its daemons there end their instances and report back over ssh), and
+#: poprun cannot kill remote instances itself.
+REMOTE_GRACE_S = 5.0
+#: ... and how long mpirun then gets, once its instances are killed, before it is killed too.
+MPIRUN_GRACE_S = 0.8
+#: Once mpirun has exited: how long its output may take to reach its end (a pipe held open
+#: by a stray grandchild is given up on after this).
+DRAIN_S = 1.0
+#: The longest single wait the supervisor makes: a far deadline (any ``--timeout``, days or
+#: years) is reached in steps, each well inside what ``epoll`` can wait (24.8 days).
+STEP_S = 3600.0
+
+
+class Do(enum.Enum):
+    """What the supervisor is told to do."""
+
+    #: Send ``signum`` to mpirun and SIGTERM to the local instances (the first signal).
+    FORWARD = "forward"
+    #: The time-out: note the instances still running, SIGTERM mpirun and the instances.
+    TIME_OUT = "time-out"
+    #: SIGKILL the local instances (their shared-memory files noted first); with
+    #: ``groups``, their process groups too (a second signal).
+    KILL_INSTANCES = "kill-instances"
+    #: SIGKILL mpirun's session and the instances: it did not end in its grace period.
+    KILL_MPIRUN = "kill-mpirun"
+    #: mpirun has exited: kill what it left holding its pipes, read every FIFO once.
+    DRAIN = "drain"
+    #: Stop waiting for the output: every stream ended, or the drain deadline passed.
+    STOP_READING = "stop-reading"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One decision: what to do, and the log line that says why."""
+
+    do: Do
+    why: str
+    signum: int = 0
+    groups: bool = False
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run (or an attempt of it) ended: the exit code, the report, and what comes next."""
+
+    code: int
+    report: str
+    #: Launch the job again (``--max-restarts``): this line says so on stderr.
+    restart: str = ""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the supervisor saw that names the failing instance (for :meth:`EndingPolicy.ending`)."""
+
+    instances: tuple[InstanceResult, ...]
+    mpirun_failure: Failure | None = None
+    still_running: tuple[int, ...] = ()
+    left_behind: tuple[str, ...] = ()
+    remote: tuple[int, ...] = ()
+    mpirun_pid: int | None = None
+
+
+@dataclass
+class _Attempt:
+    """The events of one launch of the job (a restart starts a new one)."""
+
+    deadline: float | None = None
+    kill_at: float | None = None
+    drain_until: float | None = None
+    signals: list[int] = field(default_factory=list)
+    exited: list[int] = field(default_factory=list)
+    exited_at_abort: tuple[int, ...] | None = None
+    returncode: int | None = None
+    launch_error: str | None = None
+    timed_out: bool = False
+    instances_killed: bool = False
+    escalated: bool = False
+    mpirun_killed: bool = False
+    started: bool = False
+    streams_open: bool = True
+    reading: bool = True
+
+
+class EndingPolicy:
+    """Decides, from events and ``clock`` (monotonic seconds), how a run ends."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        timeout: float | None = None,
+        remote: bool = False,
+        max_restarts: int = 0,
+    ) -> None:
+        self.clock = clock
+        self.timeout = timeout
+        self.max_restarts = max_restarts
+        #: How long mpirun gets to end the job itself (longer across hosts).
+        self.grace_s = REMOTE_GRACE_S if remote else GRACE_S
+        #: Restarts used so far.
+        self.restarts = 0
+        self.now = _Attempt()
+
+    # --- events -------------------------------------------------------------------------
+
+    def launched(self) -> None:
+        """mpirun was started (the time-out counts from now)."""
+        self.now.started = True
+        if self.timeout is not None:
+            self.now.deadline = self.clock() + self.timeout
+
+    def may_launch(self) -> bool:
+        """False once a signal has arrived: the job is not launched at all."""
+        return not self.now.signals
+
+    def launch_failed(self, error: str) -> None:
+        """mpirun could not be started."""
+        self.now.launch_error = error
+        self.now.reading = False
+
+    def signal_received(self, signum: int) -> list[Action]:
+        """SIGINT/SIGTERM/SIGHUP: the first is forwarded, a second kills the instances at once."""
+        now = self.now
+        now.signals.append(signum)
+        name = _name(signum)
+        if not now.started or now.returncode is not None:
+            return []  # no job, or it has ended: the signal only sets the exit code
+        if len(now.signals) == 1:
+            now.kill_at = self._sooner(now.kill_at, self.clock() + self.grace_s)
+            return [Action(Do.FORWARD, f"received {name}: forwarding it to mpirun", signum)]
+        now.instances_killed = True
+        now.kill_at = self.clock() + MPIRUN_GRACE_S
+        return [
+            Action(
+                Do.KILL_INSTANCES, f"received {name} again: killing the instances now", groups=True
+            )
+        ]
+
+    def stopped_for(self, seconds: float) -> None:
+        """poprun was stopped (Ctrl-Z) this long: ``--timeout`` counts running time only."""
+        if self.now.deadline is not None:
+            self.now.deadline += seconds
+
+    def instance_exited(self, instance: int) -> None:
+        """A local instance ended (the order matters when mpirun names no one)."""
+        self.now.exited.append(instance)
+
+    def mpirun_aborting(self) -> None:
+        """mpirun announced it is ending the job: it gets the grace period to finish."""
+        now = self.now
+        if now.exited_at_abort is None:
+            now.exited_at_abort = tuple(now.exited)
+        now.kill_at = self._sooner(now.kill_at, self.clock() + self.grace_s)
+
+    def mpirun_exited(self, returncode: int) -> list[Action]:
+        """mpirun is gone: nothing more to kill; its output gets :data:`DRAIN_S` to end."""
+        now = self.now
+        now.returncode = returncode
+        now.kill_at = None
+        now.deadline = None
+        now.drain_until = self.clock() + DRAIN_S
+        actions = [Action(Do.DRAIN, f"mpirun exited with status {returncode}")]
+        return actions + self._maybe_stop_reading()
+
+    def streams_closed(self) -> list[Action]:
+        """Every output stream reached its end."""
+        self.now.streams_open = False
+        return self._maybe_stop_reading()
+
+    def due(self) -> list[Action]:
+        """What the clock now calls for: the time-out, an escalation, the end of the drain."""
+        now = self.now
+        if not now.reading:
+            return []
+        t = self.clock()
+        actions: list[Action] = []
+        if now.deadline is not None and t >= now.deadline and now.returncode is None:
+            now.deadline = None
+            now.timed_out = True
+            now.kill_at = self._sooner(now.kill_at, t + self.grace_s)
+            actions.append(
+                Action(Do.TIME_OUT, f"--timeout={self.timeout:g} expired: ending the job")
+            )
+        if now.kill_at is not None and t >= now.kill_at and now.returncode is None:
+            actions.append(self._escalate(t))
+        if now.drain_until is not None and t >= now.drain_until:
+            now.reading = False
+            actions.append(Action(Do.STOP_READING, "mpirun has exited; its output did not end"))
+        return actions
+
+    # --- questions ----------------------------------------------------------------------
+
+    @property
+    def reading(self) -> bool:
+        """Whether the supervisor should go on waiting for events."""
+        return self.now.reading
+
+    def wait_s(self) -> float | None:
+        """How long the supervisor may wait for the next event (None: until one comes)."""
+        now = self.now
+        soonest = min(
+            (t for t in (now.deadline, now.kill_at, now.drain_until) if t is not None), default=None
+        )
+        if soonest is None:
+            return None
+        return min(max(0.0, soonest - self.clock()), STEP_S)
+
+    def ending(self, evidence: Evidence) -> Ending:
+        """The exit code and report of this attempt, and whether to launch the job again."""
+        now = self.now
+        code, report = decide(
+            RunResult(
+                instances=evidence.instances,
+                returncode=now.returncode,
+                launch_error=now.launch_error,
+                signals=tuple(now.signals),
+                timeout=self.timeout,
+                timed_out=now.timed_out,
+                still_running=evidence.still_running,
+                mpirun_failure=evidence.mpirun_failure,
+                exited_at_abort=now.exited_at_abort,
+                escalated=now.escalated,
+                remote=evidence.remote,
+                left_behind=evidence.left_behind,
+                mpirun_pid=evidence.mpirun_pid,
+                mpirun_killed_by_poprun=now.mpirun_killed,
+            )
+        )
+        ended_by_poprun = bool(now.signals) or now.timed_out
+        if code == 0 or ended_by_poprun or self.restarts >= self.max_restarts:
+            return Ending(code, report)
+        self.restarts += 1
+        self.now = _Attempt()
+        return Ending(
+            code,
+            report,
+            restart=(
+                f"poprun: the job failed with exit code {code}: restarting the job "
+                f"(restart {self.restarts} of {self.max_restarts})"
+            ),
+        )
+
+    # --- inside -------------------------------------------------------------------------
+
+    def _escalate(self, t: float) -> Action:
+        """Past the grace period: first the instances (mpirun then reports and exits by
+        itself, in well under a second), then mpirun too."""
+        now = self.now
+        now.escalated = True
+        if now.instances_killed:
+            now.kill_at = None
+            now.mpirun_killed = True
+            return Action(
+                Do.KILL_MPIRUN,
+                "the job did not end in time: sending SIGKILL to mpirun and its instances",
+            )
+        now.instances_killed = True
+        now.kill_at = t + MPIRUN_GRACE_S
+        return Action(
+            Do.KILL_INSTANCES, "the job did not end in time: sending SIGKILL to the instances"
+        )
+
+    def _maybe_stop_reading(self) -> list[Action]:
+        now = self.now
+        if now.returncode is None or now.streams_open or not now.reading:
+            return []
+        now.reading = False
+        return [Action(Do.STOP_READING, "mpirun has exited and its output has ended")]
+
+    @staticmethod
+    def _sooner(current: float | None, candidate: float) -> float:
+        return candidate if current is None else min(current, candidate)
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

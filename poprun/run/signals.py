@@ -1,0 +1,98 @@
+"""poprun's signal handlers: installed first thing, never reset to the default while a job runs,
+and the caller's put back when an in-process ``main`` returns.
+
+SIGINT, SIGTERM and SIGHUP are *recorded* (:class:`SignalInbox`): the supervisor reads them
+from the inbox, through a wake-up socket, and the ending policy decides what they mean.
+Before the job is launched, the first one interrupts what poprun is doing (a long ssh check,
+say) with :class:`Interrupted`, which ``main`` turns into exit code 128+N; a second one
+only adds to the record. Python's default SIGINT handler, which raises
+``KeyboardInterrupt`` anywhere, is never in place from then on, so no signal, however
+close to another, can end poprun by a signal instead of an exit code.
+
+The handlers change process-wide state; :meth:`SignalInbox.restore` puts back the previous
+handlers and wake-up descriptor (``main`` does so when called in-process, on every path).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+#: Signals poprun forwards to the job (and counts: a second one ends the job at once).
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Job control: Ctrl-Z stops the instances with poprun, ``fg``/``bg`` continues them.
+JOB_CONTROL = (signal.SIGTSTP, signal.SIGCONT)
+
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+class Interrupted(BaseException):
+    """A signal arrived before the job was launched: poprun stops and exits 128+N.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: no ``except Exception`` swallows it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class SignalInbox:
+    """Where poprun's signal handlers put what they receive."""
+
+    def __init__(self) -> None:
+        #: The forwarded signals received, in order.
+        self.received: list[int] = []
+        #: Job-control signals not yet handled by the supervisor.
+        self.job_control: list[int] = []
+        #: Raise :class:`Interrupted` at the first signal (before the job is launched).
+        self.interrupting = True
+        self._previous: dict[int, Handler] = {}
+        self._previous_wakeup: int | None = None
+
+    def install(self) -> SignalInbox:
+        """Record SIGINT/SIGTERM/SIGHUP from now on; remember the handlers they replace."""
+        for sig in FORWARDED:
+            self._previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, self._on_signal)
+        return self
+
+    def watch_job_control(self, wake_fd: int) -> None:
+        """While the job runs: record job control too, and write to ``wake_fd`` on any signal."""
+        self.interrupting = False
+        for sig in JOB_CONTROL:
+            self._previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, self._on_job_control)
+        old = signal.set_wakeup_fd(wake_fd, warn_on_full_buffer=False)
+        if self._previous_wakeup is None:
+            self._previous_wakeup = old
+
+    def unwatch_job_control(self) -> None:
+        """The job has ended: job control and the wake-up descriptor as they were.
+
+        SIGINT/SIGTERM/SIGHUP stay recorded: one that arrives as poprun ends must not
+        turn its exit code into death by that signal.
+        """
+        if self._previous_wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            self._previous_wakeup = None
+        for sig in JOB_CONTROL:
+            if sig in self._previous:
+                signal.signal(sig, self._previous.pop(sig))
+
+    def restore(self) -> None:
+        """Every handler (and the wake-up descriptor) as it was before :meth:`install`."""
+        self.unwatch_job_control()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if self.interrupting and len(self.received) == 1:
+            raise Interrupted(signum)
+
+    def _on_job_control(self, signum: int, frame: FrameType | None) -> None:
+        self.job_control.append(signum)
