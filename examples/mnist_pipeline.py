@@ -27,7 +27,7 @@ from torch.utils.data import TensorDataset
 import popdist
 import popdist.poptorch
 import popdist_torch as poptorch
-from popdist_torch.dataloader import DataLoader
+from popdist_torch.data import DataLoader
 from popdist_torch.pipeline import (
     Block,
     PipelinedExecution,

@@ -8,6 +8,6 @@ contradict the launch are locked. Importing this module imports torch.
 
 from __future__ import annotations
 
-from popdist_torch.launch_options import PopdistOptions as Options
+from popdist_torch.options import PopdistOptions as Options
 
 __all__ = ["Options"]

@@ -3,37 +3,15 @@
 ``import popdist_torch as poptorch`` lets a PopTorch script run here unchanged: every
 public PopTorch name is here, supported, accepted as a documented no-op, or a callable
 that raises :class:`UnsupportedOptionError` naming what to use instead
-(``docs/poptorch-compatibility.md``).
+(``docs/poptorch-names.md``).
 """
 
 import warnings as _warnings
 from typing import Any as _Any
 
-from popdist_torch import optim, profiling
+from popdist_torch import optim
 from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from popdist_torch.compat import (
-    AsynchronousDataAccessor,
-    Error,
-    ICustomArgParser,
-    RecoverableError,
-    UnrecoverableError,
-    accessAttributes,
-    ctc_beam_search_decoder,
-    custom_op,
-    fps,
-    getIpuTensorId,
-    importPoptorchMetadataFromFile,
-    ipuHardwareIsAvailable,
-    ipuHardwareVersion,
-    isRunningOnIpu,
-    load,
-    nearest,
-    registerCustomArgParser,
-    registerPostCompileHook,
-    registerPreCompileHook,
-    setLogLevel,
-)
-from popdist_torch.dataloader import DataLoader
+from popdist_torch.data import AsynchronousDataAccessor, DataLoader
 from popdist_torch.enums import (
     AutoStage,
     CommGroupType,
@@ -65,27 +43,11 @@ from popdist_torch.executor import (
     inferenceModel,
     trainingModel,
 )
-from popdist_torch.launch_options import PopdistOptions
-from popdist_torch.ops import (
-    CPU,
-    MultiConv,
-    NameScope,
-    cond,
-    dynamic_slice,
-    dynamic_update,
-    for_loop,
-    ipu_print_tensor,
-    nop,
-    recomputationCheckpoint,
-    serializedMatMul,
-    set_available_memory,
-    set_overlap_for_input,
-    set_overlap_for_output,
-)
 from popdist_torch.options import (
     FrozenOptionsError,
     Options,
     OptionsError,
+    PopdistOptions,
     TensorLocationSettings,
     UnsupportedOptionError,
 )
@@ -102,6 +64,44 @@ from popdist_torch.pipeline import (
     ShardedExecution,
     Stage,
     removeBlocks,
+)
+from popdist_torch.surface import profiling
+from popdist_torch.surface.ops import (
+    CPU,
+    MultiConv,
+    NameScope,
+    cond,
+    dynamic_slice,
+    dynamic_update,
+    for_loop,
+    ipu_print_tensor,
+    nop,
+    recomputationCheckpoint,
+    serializedMatMul,
+    set_available_memory,
+    set_overlap_for_input,
+    set_overlap_for_output,
+)
+from popdist_torch.surface.toplevel import (
+    Error,
+    ICustomArgParser,
+    RecoverableError,
+    UnrecoverableError,
+    accessAttributes,
+    ctc_beam_search_decoder,
+    custom_op,
+    fps,
+    getIpuTensorId,
+    importPoptorchMetadataFromFile,
+    ipuHardwareIsAvailable,
+    ipuHardwareVersion,
+    isRunningOnIpu,
+    load,
+    nearest,
+    registerCustomArgParser,
+    registerPostCompileHook,
+    registerPreCompileHook,
+    setLogLevel,
 )
 
 __all__ = [

@@ -3,17 +3,18 @@
 A mixin of :class:`popdist_torch.executor.PoplarExecutor`: device attachment (recorded,
 nothing is held), weight copies (the user's module always holds the weights), the random
 generator state, and PopTorch's executable/profiling methods, refused with
-:class:`~popdist_torch.errors.UnsupportedOptionError` naming what to use instead. Kept
-apart so the executor class holds only what runs a model.
+:class:`~popdist_torch.errors.UnsupportedOptionError` naming what to use instead (made from
+their rows in the surface table, :mod:`popdist_torch.surface.names`). Kept apart so the
+executor class holds only what runs a model.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from popdist_torch.errors import ExecutorStateError, UnsupportedOptionError
+from popdist_torch.errors import ExecutorStateError
+from popdist_torch.surface.names import rows_of
+from popdist_torch.surface.rows import install_refusals
 
 __all__ = ["PopTorchSurface"]
 
@@ -74,63 +75,7 @@ class PopTorchSurface:
         """Nothing to copy: calls read the module's buffers directly."""
         self._check_alive()
 
-    def compileAndExport(self, filename: str, *args: Any, **kwargs: Any) -> None:
-        """There is no executable to export."""
-        raise UnsupportedOptionError(
-            "compileAndExport is not supported: there is no executable to export; save the "
-            "weights and optimizer with popdist_torch.save_checkpoint"
-        )
 
-    def loadExecutable(self, filename: str) -> None:
-        """There is no executable to load."""
-        raise UnsupportedOptionError(
-            "loadExecutable is not supported: there is no executable; restore weights with "
-            "popdist_torch.load_checkpoint"
-        )
-
-    def save(self, filename: str, *args: Any, **kwargs: Any) -> None:
-        """PopTorch's executable files do not exist here."""
-        raise UnsupportedOptionError(
-            "PoplarExecutor.save is not supported: use popdist_torch.save_checkpoint(path, "
-            "model, optimizer)"
-        )
-
-    def getTensorNames(self) -> list[str]:
-        """Anchored tensors are not available (see ``Options.anchorTensor``)."""
-        raise UnsupportedOptionError(
-            "getTensorNames is not supported: there is no IPU graph; return the tensors "
-            "you need from forward()"
-        )
-
-    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:
-        """Anchored tensors are not available (see ``Options.anchorTensor``)."""
-        raise UnsupportedOptionError(
-            "getAnchoredTensor is not supported: return the tensor from forward() instead"
-        )
-
-    def cycleCount(self) -> int:
-        """There are no device cycles."""
-        raise UnsupportedOptionError(
-            "cycleCount is not supported: there are no IPU cycles; time calls with "
-            "time.perf_counter()"
-        )
-
-    def compilationTime(self) -> Any:
-        """There is no compilation."""
-        raise UnsupportedOptionError(
-            "compilationTime is not supported: there is no compilation (isCompiled() is True)"
-        )
-
-    def getPerfCounters(self) -> dict[str, Any]:
-        """There are no host/IPU transfer counters."""
-        raise UnsupportedOptionError(
-            "getPerfCounters is not supported: there are no IPU transfers; use torch.profiler"
-        )
-
-    def getLatency(self) -> Any:
-        """There are no host/IPU transfer latencies."""
-        raise UnsupportedOptionError(
-            "getLatency is not supported: there are no IPU transfers; use torch.profiler"
-        )
-
-    getHostIpuLatency = getComputeLatency = getIpuHostLatency = getLatency
+#: PopTorch's executable, profiling and anchored-tensor methods, refused with their rows'
+#: notes (``compileAndExport``, ``save``, ``getLatency``...).
+install_refusals(PopTorchSurface, rows_of("PoplarExecutor"))

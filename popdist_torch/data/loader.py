@@ -4,9 +4,15 @@ One call of the loader yields one *combined batch*: ``batch_size × deviceIterat
 replicas × gradientAccumulation`` samples, what one instance's model consumes per call.
 With more than one process, each instance reads only its shard of a map-style dataset,
 computed by :mod:`popdist.sharding` (PopTorch's order by default, a topology-invariant one
-with ``order="topology_invariant"``). The index list of each epoch is computed in the main
-process and fed to torch through a sampler, so worker processes always see the current
-epoch's order and a checkpoint can resume mid-epoch without loading skipped samples.
+with ``order="topology_invariant"``).
+
+What the arguments mean is worked out once into a frozen
+:class:`~popdist_torch.data.plan.LoaderPlan`; each epoch's order is an immutable
+:class:`~popdist_torch.data.epoch_order.EpochOrder` computed when the epoch starts, in the
+main process, and fed to torch through a sampler, so worker processes always see the current
+epoch's order and a checkpoint can resume mid-epoch without loading skipped samples. The
+loader itself owns only the iteration: the epoch and batch it stands at, its seeds, and the
+prefetch thread.
 
 Beyond PopTorch: a ``batch_sampler`` yields micro-batches that are combined and sharded
 here; an ``IterableDataset`` is sharded by instance and worker; a dataset too small for
@@ -17,39 +23,48 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
+import torch
 from torch.utils import data as tud
 
-from popdist_torch._async import Prefetcher, rebatch
-from popdist_torch.enums import DataLoaderMode
-from popdist_torch.errors import DataLoaderError
-from popdist_torch.loader_plan import (
+from popdist_torch.data.arguments import LoaderArguments, make_plan
+from popdist_torch.data.epoch_order import EpochOrder, Seeds
+from popdist_torch.data.plan import (
+    BATCH_SAMPLER,
+    BY_INDEX,
     ORDER_POPTORCH,
-    ORDER_TOPOLOGY_INVARIANT,
-    ORDERS,
+    STREAM,
+    UNBATCHED,
     LoaderOptions,
     LoaderPlan,
-    current_shard,
 )
+from popdist_torch.data.position import resume_batch, topology_record
+from popdist_torch.data.prefetch import Prefetcher, rebatch
+from popdist_torch.data.samplers import CombiningBatchSampler, EpochSampler
+from popdist_torch.data.streams import ShardedIterable
+from popdist_torch.enums import DataLoaderMode
+from popdist_torch.errors import DataLoaderError
 
-__all__ = [
-    "ORDERS",
-    "ORDER_POPTORCH",
-    "ORDER_TOPOLOGY_INVARIANT",
-    "DataLoader",
-    "DataLoaderError",
-    "current_shard",
-]
+__all__ = ["DataLoader"]
+
+
+class _Feeds(NamedTuple):
+    """What torch is given, and the objects of it the loader feeds each epoch."""
+
+    dataset: Any
+    kwargs: dict[str, Any]
+    sampler: EpochSampler | None
+    combining: CombiningBatchSampler | None
+    generator: torch.Generator | None
 
 
 class DataLoader(tud.DataLoader[Any]):
     """PopTorch-compatible DataLoader; a ``torch.utils.data.DataLoader`` underneath.
 
     ``batch_size`` is the micro-batch size; each iteration yields one combined batch of
-    :attr:`combinedBatchSize` samples. See ``docs/dataloader.md``. What the arguments mean
-    is worked out by :class:`~popdist_torch.loader_plan.LoaderPlan`.
+    :attr:`combinedBatchSize` samples. See ``docs/dataloader.md``.
     """
 
     def __init__(
@@ -72,32 +87,39 @@ class DataLoader(tud.DataLoader[Any]):
     ) -> None:
         if hasattr(options, "_freeze"):
             options._freeze()
-        plan = LoaderPlan(
-            options,
-            dataset,
+        args = LoaderArguments(
             batch_size=batch_size,
             shuffle=bool(shuffle),
-            num_workers=num_workers,
             drop_last=drop_last,
-            persistent_workers=persistent_workers,
             auto_distributed_partitioning=auto_distributed_partitioning,
             mode=mode,
             async_options=async_options,
             rebatched_worker_size=rebatched_worker_size,
             batch_sampler=batch_sampler,
             order=order,
-            kwargs=kwargs,
+            sampler=kwargs.get("sampler"),
+            generator=kwargs.get("generator"),
         )
         self._options = options
-        self._plan = plan
-        # Iteration state: the epoch and batch the next ``__iter__`` starts at.
+        self._plan, self._seeds = make_plan(options, dataset, args)
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        kwargs.update(num_workers=num_workers, persistent_workers=persistent_workers)
+        feeds = _feeds(self._plan, dataset, batch_sampler, kwargs)
+        self._sampler, self._combining, self._generator = (
+            feeds.sampler,
+            feeds.combining,
+            feeds.generator,
+        )
+        # Iteration state: the epoch and batch the next ``__iter__`` starts at, and the
+        # epoch being read (its batches handed out, whether it ended).
         self._next_epoch = 0
         self._next_batch = 0
         self._epoch = -1
         self._consumed = 0
         self._epoch_done = True
         self._prefetcher: Prefetcher[Any] | None = None
-        super().__init__(plan.dataset, **plan.torch_kwargs)
+        super().__init__(feeds.dataset, **feeds.kwargs)
 
     # -- PopTorch's surface -------------------------------------------------------------
 
@@ -132,49 +154,23 @@ class DataLoader(tud.DataLoader[Any]):
     # -- iteration ----------------------------------------------------------------------
 
     def __len__(self) -> int:
-        if (
-            self._plan.combining is not None
-            or self._plan.sampler is None
-            or self._plan.combined is None
-        ):
+        plan = self._plan
+        if plan.epoch_length is None or plan.combined is None:
             length = super().__len__()
-            return (
-                math.ceil(length / self._plan.group)
-                if self._plan.group > 1 and not self.drop_last
-                else length // self._plan.group
-            )
-        samples = self._plan.sampler.length
-        return (
-            samples // self._plan.combined
-            if self.drop_last
-            else math.ceil(samples / self._plan.combined)
-        )
+            if plan.group > 1 and not self.drop_last:
+                return math.ceil(length / plan.group)
+            return length // plan.group
+        if self.drop_last:
+            return plan.epoch_length // plan.combined
+        return math.ceil(plan.epoch_length / plan.combined)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
+        self._stop_prefetching()
         epoch, skip = self._next_epoch, self._next_batch
         self._epoch, self._consumed, self._epoch_done = epoch, skip, False
         self._next_epoch, self._next_batch = epoch + 1, 0
-        fast_skip = skip
-        if self._plan.sampler is not None:
-            if self._plan.shuffle:
-                self._plan.draw_seed()
-            assert self._plan.combined is not None
-            self._plan.sampler.indices = self._plan.epoch_indices(epoch)[
-                skip * self._plan.combined :
-            ]
-            fast_skip = 0
-        elif self._plan.combining is not None:
-            self._plan.combining.skip = skip
-            fast_skip = 0
-        if self._plan.generator is not None:
-            assert self._plan.worker_seed is not None
-            mixed = (
-                self._plan.worker_seed * 1_000_003 + epoch * 7_919 + self._plan.process_id
-            ) % 2**63
-            self._plan.generator.manual_seed(mixed)
+        order = self._start(epoch)
+        fast_skip = self._feed(order, skip)
         source: Iterator[Any] = super().__iter__()
         if self._plan.group > 1:
             source = rebatch(source, self._plan.group, self.drop_last)
@@ -185,6 +181,30 @@ class DataLoader(tud.DataLoader[Any]):
             self._prefetcher = Prefetcher(source, self._plan.depth, name="popdist-dataloader")
             source = self._prefetcher
         return _LoaderIterator(self, source, epoch)
+
+    def _start(self, epoch: int) -> EpochOrder:
+        """The order of ``epoch`` (drawing the shuffle seed the first time one is needed)."""
+        if self._plan.by_index and self._plan.shuffle:
+            self._seeds = self._seeds.with_shuffle_seed()
+        return EpochOrder.of(self._plan, epoch, self._seeds)
+
+    def _feed(self, order: EpochOrder, skip: int) -> int:
+        """Hand torch ``order`` from batch ``skip`` on; returns the batches left to drop."""
+        if self._sampler is not None:
+            assert self._plan.combined is not None
+            self._sampler.indices = order.from_batch(skip, self._plan.combined)
+            skip = 0
+        elif self._combining is not None:
+            self._combining.skip, skip = skip, 0
+        if self._generator is not None:
+            assert order.worker_seed is not None
+            self._generator.manual_seed(order.worker_seed)
+        return skip
+
+    def _stop_prefetching(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     def _count(self, epoch: int) -> None:
         if epoch == self._epoch:
@@ -199,7 +219,7 @@ class DataLoader(tud.DataLoader[Any]):
     def state_dict(self) -> dict[str, Any]:
         """Where the data order stands: resume with :meth:`load_state_dict`."""
         in_progress = self._epoch >= 0 and not self._epoch_done
-        if in_progress and self._plan.combining is None and self._plan.combined is not None:
+        if in_progress and self._combining is None and self._plan.combined is not None:
             with contextlib.suppress(TypeError):  # no len(): trust the end-of-epoch signal
                 in_progress = self._consumed < len(self)
         if in_progress:
@@ -209,85 +229,63 @@ class DataLoader(tud.DataLoader[Any]):
         return {
             "epoch": epoch,
             "batch": batch,
-            "seed": self._plan.seed,
-            "worker_seed": self._plan.worker_seed,
-            "topology": self._topology_record(),
+            "seed": self._seeds.shuffle,
+            "worker_seed": self._seeds.worker,
+            "topology": topology_record(self._plan),
         }
-
-    def _topology_record(self) -> dict[str, Any]:
-        """What decides which samples a combined batch holds: resuming needs the same."""
-        plan = self._plan
-        di, local, ga = plan.topology
-        return {
-            "processes": plan.num_processes if plan.auto else 1,
-            "local_replicas": local,
-            "device_iterations": di,
-            "gradient_accumulation": ga,
-            "batch_size": plan.batch_size,
-            "combined": plan.combined,
-            "num_samples": plan.num_samples,
-            "order": plan.order,
-            "shuffle": plan.shuffle,
-            "drop_last": plan.drop_last,
-        }
-
-    def _resume_batch(self, saved: Mapping[str, Any], batch: int) -> int:
-        """``batch`` (saved on ``saved``'s topology) as a batch index of this topology.
-
-        The same topology, or the start of an epoch: unchanged. The topology-invariant order
-        with a step boundary in common: the batch that starts at the same sample. Otherwise
-        resuming would skip or repeat samples: refused, with what to do.
-        """
-        current = self._topology_record()
-        if batch == 0 or dict(saved) == current:
-            return batch
-
-        def describe(t: Mapping[str, Any]) -> str:
-            return (
-                f"{t['processes']} process(es) × {t['local_replicas']} local replica(s), "
-                f"combined batch {t['combined']}, {t['order']} order"
-            )
-
-        same_data = all(
-            saved.get(key) == current[key] for key in ("num_samples", "shuffle", "drop_last")
-        )
-        if same_data and saved.get("order") == current["order"] == ORDER_TOPOLOGY_INVARIANT:
-            old_step = int(saved["combined"]) * int(saved["processes"])
-            new_step = int(current["combined"]) * int(current["processes"])
-            n = int(current["num_samples"])
-            shift_same = not current["shuffle"] or n % old_step == n % new_step
-            consumed = batch * old_step
-            if shift_same and consumed % new_step == 0:
-                return consumed // new_step
-        raise DataLoaderError(
-            f"DataLoader state was saved mid-epoch (batch {batch}) with {describe(saved)}; "
-            f"this DataLoader has {describe(current)}: resuming would skip or repeat samples. "
-            "Resume with the same topology, save at the end of an epoch, or use "
-            "order='topology_invariant' with global steps that divide each other"
-        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``__iter__`` start at the saved epoch and batch.
 
         A state saved with another topology (instances, replicas, batch sizes) resumes only
-        where the same samples follow: see :meth:`_resume_batch`.
+        where the same samples follow: see :func:`~popdist_torch.data.position.resume_batch`.
         """
         epoch, batch = int(state["epoch"]), int(state.get("batch", 0))
         if epoch < 0 or batch < 0:
             raise DataLoaderError(f"DataLoader state epoch={epoch}, batch={batch} must be >= 0")
         saved = state.get("topology")
         if saved is not None:
-            batch = self._resume_batch(saved, batch)
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
+            batch = resume_batch(saved, topology_record(self._plan), batch)
+        self._stop_prefetching()
         self._next_epoch, self._next_batch = epoch, batch
         self._epoch, self._consumed, self._epoch_done = -1, 0, True
         seed, worker_seed = state.get("seed"), state.get("worker_seed")
-        if seed is not None:
-            self._plan.seed = int(seed)
-        if worker_seed is not None:
-            self._plan.worker_seed = int(worker_seed)
+        self._seeds = Seeds(
+            shuffle=self._seeds.shuffle if seed is None else int(seed),
+            worker=self._seeds.worker if worker_seed is None else int(worker_seed),
+        )
+
+
+def _feeds(
+    plan: LoaderPlan,
+    dataset: Any,
+    batch_sampler: Iterable[list[int]] | None,
+    kwargs: dict[str, Any],
+) -> _Feeds:
+    """Torch's arguments for ``plan``: the dataset, the keywords and the objects fed per epoch."""
+    torch_kwargs = dict(kwargs)
+    generator = torch.Generator() if plan.private_generator else None
+    if generator is not None:
+        torch_kwargs["generator"] = generator
+    sampler, combining = None, None
+    if plan.source == BATCH_SAMPLER:
+        assert batch_sampler is not None
+        combining = CombiningBatchSampler(
+            batch_sampler, plan.micro_batches, plan.processes, plan.shard_id, plan.drop_last
+        )
+        torch_kwargs["batch_sampler"] = combining
+    elif plan.source == UNBATCHED:
+        torch_kwargs.update(batch_size=None, shuffle=plan.shuffle, drop_last=False)
+    else:
+        shuffle = plan.shuffle
+        if plan.source == STREAM:
+            dataset = ShardedIterable(dataset, plan.process_id, plan.num_processes, plan.auto)
+        elif plan.source == BY_INDEX:
+            assert plan.epoch_length is not None
+            sampler, shuffle = EpochSampler(plan.epoch_length), False
+            torch_kwargs["sampler"] = sampler
+        torch_kwargs.update(batch_size=plan.worker_batch, shuffle=shuffle, drop_last=plan.drop_last)
+    return _Feeds(dataset, torch_kwargs, sampler, combining, generator)
 
 
 _END = object()

@@ -11,12 +11,9 @@ from __future__ import annotations
 from typing import NoReturn
 
 from popdist.env import read_run
-from popdist_torch.options import (
-    DistributedOptions,
-    Options,
-    OptionsError,
-    UnsupportedOptionError,
-)
+from popdist_torch.errors import OptionsError, UnsupportedOptionError
+from popdist_torch.options.distributed import DistributedOptions
+from popdist_torch.options.options import Options
 
 __all__ = ["PopdistDistributedOptions", "PopdistOptions"]
 

@@ -1,32 +1,27 @@
-"""The rest of PopTorch's top-level surface: hardware queries, logging, hooks, refusals.
+"""PopTorch's top-level functions and classes beside the models: hardware queries, logging,
+hooks, errors, and the refused names.
 
-``POPTORCH_NAMES`` and ``POPTORCH_OPTION_METHODS`` list PopTorch 3's public API as its
-sources and reference documentation define it (``poptorch/__init__.py``, ``ops.py``,
-``options.py``, ``enums.py``): every name is reachable as ``popdist_torch.X`` and has a
-row in ``docs/poptorch-compatibility.md`` (a test checks both).  A name with no meaning
-here is a callable that raises :class:`UnsupportedOptionError` naming what to use, so
-``hasattr`` and ``dir`` behave and the error comes where the name is used.
+Each refused name (``poptorch.load``, ``custom_op``...) is a callable made from its row in
+the surface table (:mod:`popdist_torch.surface.names`): reachable, so ``hasattr``, ``dir``
+and imports behave, and raising :class:`UnsupportedOptionError` naming what to use when it
+is called.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.hooks import RemovableHandle
 
-from popdist_torch._async import Prefetcher
 from popdist_torch.errors import PopdistTorchError
-from popdist_torch.options import UnsupportedOptionError
+from popdist_torch.surface.names import rows_of
+from popdist_torch.surface.rows import REFUSED, refusal
 
 __all__ = [
-    "POPTORCH_EXECUTOR_METHODS",
-    "POPTORCH_NAMES",
-    "POPTORCH_OPTION_METHODS",
-    "POPTORCH_TENSOR_LOCATION_METHODS",
-    "AsynchronousDataAccessor",
+    "LOG_LEVELS",
     "Error",
     "ICustomArgParser",
     "RecoverableError",
@@ -58,14 +53,6 @@ def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
     model on the same executor (``Options.useIpuModel`` is a no-op).
     """
     return False
-
-
-def ipuHardwareVersion() -> int:
-    """PopTorch raises when no IPU is present; so does this."""
-    raise UnsupportedOptionError(
-        "ipuHardwareVersion(): there is no IPU hardware here (popdist_torch runs on CPU or "
-        "GPU); check poptorch.ipuHardwareIsAvailable() first"
-    )
 
 
 def isRunningOnIpu() -> bool:
@@ -141,265 +128,24 @@ class ICustomArgParser(abc.ABC):
         """``original_structure`` rebuilt from ``tensor_iterator``."""
 
 
-class AsynchronousDataAccessor:
-    """Iterate ``dataset`` (usually a ``DataLoader``) in a background thread.
-
-    Keeps ``buffer_size`` items ready ahead of the consumer, as PopTorch's accessor does
-    with a worker process; the other PopTorch arguments are accepted and have no effect.
-    """
-
-    def __init__(
-        self,
-        dataset: Iterable[Any],
-        buffer_size: int = 3,
-        miss_sleep_time_in_ms: float = 0.1,
-        load_indefinitely: bool = True,
-        early_preload: bool = False,
-        sharing_strategy: Any = None,
-        rebatched_size: int | None = None,
-    ) -> None:
-        self._dataset = dataset
-        self._buffer_size = buffer_size
-        self._prefetcher: Prefetcher[Any] | None = None
-
-    def __len__(self) -> int:
-        return len(self._dataset)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[Any]:
-        self.terminate()
-        self._prefetcher = Prefetcher(iter(self._dataset), depth=self._buffer_size)
-        return iter(self._prefetcher)
-
-    def terminate(self) -> None:
-        """Stop the background thread (PopTorch: the worker process)."""
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
-
-    def __del__(self) -> None:
-        self.terminate()
+_REFUSED = {row.name: row for row in rows_of("poptorch")}
 
 
-def _unsupported(name: str, use: str) -> Callable[..., Any]:
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise UnsupportedOptionError(f"poptorch.{name} is not supported by popdist_torch: {use}")
-
-    refuse.__name__ = refuse.__qualname__ = name
-    refuse.__doc__ = f"Not supported here: {use}"
-    return refuse
-
-
-load = _unsupported(
-    "load",
-    "there are no PopTorch executables; save with popdist_torch.save_checkpoint and restore "
-    "with popdist_torch.load_checkpoint, then wrap the model again",
-)
-importPoptorchMetadataFromFile = _unsupported(
-    "importPoptorchMetadataFromFile", "there are no PopTorch executables to read metadata from"
-)
-ctc_beam_search_decoder = _unsupported(
-    "ctc_beam_search_decoder",
-    "decode outside the model (e.g. torchaudio.models.decoder.ctc_decoder)",
-)
-custom_op = _unsupported(
-    "custom_op", "there are no Poplar codelets; write the operation in torch inside forward"
-)
-fps = _unsupported("fps", "use torch_cluster.fps (PopTorch Geometric op)")
-nearest = _unsupported("nearest", "use torch_cluster.nearest (PopTorch Geometric op)")
-registerCustomArgParser = _unsupported(
-    "registerCustomArgParser",
-    "pass tensors, or tuples, lists and dicts of tensors (they are walked with torch's pytree)",
-)
-accessAttributes = _unsupported(
-    "accessAttributes", "attributes of inputs are read in forward as plain Python"
-)
-getIpuTensorId = _unsupported("getIpuTensorId", "tensors have no IPU ids here")
+def _refused(name: str) -> Callable[..., Any]:
+    """The callable of a refused top-level name, raising its row's note."""
+    row = _REFUSED[name]
+    if row.status != REFUSED:
+        raise TypeError(f"poptorch.{name} is {row.status} in the surface table: write it here")
+    return refusal(row)
 
 
-#: PopTorch 3's public top-level names (``poptorch.X``), from its sources and reference.
-POPTORCH_NAMES: tuple[str, ...] = (
-    # models and data
-    "trainingModel",
-    "inferenceModel",
-    "PoplarExecutor",
-    "DataLoader",
-    "AsynchronousDataAccessor",
-    "Options",
-    "TensorLocationSettings",
-    "identity_loss",
-    "optim",
-    "load",
-    "isRunningOnIpu",
-    "ipuHardwareIsAvailable",
-    "ipuHardwareVersion",
-    "setLogLevel",
-    "registerPreCompileHook",
-    "registerPostCompileHook",
-    "ICustomArgParser",
-    "registerCustomArgParser",
-    "accessAttributes",
-    "getIpuTensorId",
-    "importPoptorchMetadataFromFile",
-    "Error",
-    "RecoverableError",
-    "UnrecoverableError",
-    "profiling",
-    # model parallelism
-    "Block",
-    "BeginBlock",
-    "BlockFunction",
-    "removeBlocks",
-    "Stage",
-    "Phase",
-    "AutoStage",
-    "PipelinedExecution",
-    "ShardedExecution",
-    "SerialPhasedExecution",
-    "ParallelPhasedExecution",
-    "PhasedExecution",
-    # operations
-    "ctc_beam_search_decoder",
-    "ipu_print_tensor",
-    "for_loop",
-    "cond",
-    "nop",
-    "dynamic_slice",
-    "dynamic_update",
-    "recomputationCheckpoint",
-    "serializedMatMul",
-    "set_available_memory",
-    "set_overlap_for_input",
-    "set_overlap_for_output",
-    "custom_op",
-    "CPU",
-    "MultiConv",
-    "NameScope",
-    "fps",
-    "nearest",
-    # enumerations
-    "AnchorMode",
-    "OutputMode",
-    "ReductionType",
-    "MeanReductionStrategy",
-    "DataLoaderMode",
-    "SharingStrategy",
-    "ConnectionType",
-    "SyncPattern",
-    "HalfFloatCastingBehavior",
-    "MatMulSerializationMode",
-    "Liveness",
-    "OverlapMode",
-    "MultiConvPlanType",
-    "CommGroupType",
-    "VariableRetrievalMode",
-)
-
-#: PopTorch 3's ``Options`` setters and those of its groups, by the attribute path from
-#: ``Options()`` ("" for ``Options`` itself); ``anchorMode`` and ``defaultAnchorMode``
-#: are the deprecated names of PopTorch 2.x.
-POPTORCH_OPTION_METHODS: dict[str, tuple[str, ...]] = {
-    "": (
-        "anchorMode",
-        "anchorTensor",
-        "appendToLocationExcludes",
-        "autoRoundNumIPUs",
-        "broadcastBuffers",
-        "clone",
-        "connectionType",
-        "defaultAnchorMode",
-        "defaultOutputMode",
-        "deviceIterations",
-        "disableModuleNamescope",
-        "enableExecutableCaching",
-        "enableProfiling",
-        "enableStableNorm",
-        "enableSyntheticData",
-        "exists",
-        "from_json",
-        "inputReplicaGrouping",
-        "loadFromFile",
-        "logCycleCount",
-        "logDir",
-        "maxRepeatLogs",
-        "modelName",
-        "outputMode",
-        "randomSeed",
-        "relaxOptimizerAttributesChecks",
-        "replicationFactor",
-        "setAvailableMemoryProportion",
-        "setExecutionStrategy",
-        "showCompilationProgressBar",
-        "sourceLocationExcludes",
-        "syncPattern",
-        "toDict",
-        "updatableNamedBuffers",
-        "useIpuId",
-        "useIpuModel",
-        "useOfflineIpuTarget",
-    ),
-    "Training": (
-        "accumulationAndReplicationReductionType",
-        "gradientAccumulation",
-        "setAutomaticLossScaling",
-        "setConvolutionDithering",
-        "setMeanAccumulationAndReplicationReductionStrategy",
-    ),
-    "Distributed": ("configureProcessId", "disable", "numProcesses", "processId", "setEnvVarNames"),
-    "TensorLocations": (
-        "numIOTiles",
-        "setAccumulatorLocation",
-        "setActivationLocation",
-        "setOptimizerLocation",
-        "setWeightLocation",
-    ),
-    "Jit": ("traceModel",),
-    "Precision": (
-        "enableFloatingPointExceptions",
-        "enableStochasticRounding",
-        "halfFloatCasting",
-        "runningStatisticsAlwaysFloat",
-        "setPartialsType",
-    ),
-    "_Popart": ("set", "setEngineOptions", "setPatterns"),
-}
-
-#: ``PoplarExecutor`` methods and properties (PopTorch 3), on ``trainingModel(...)``.
-POPTORCH_EXECUTOR_METHODS: tuple[str, ...] = (
-    "attachToDevice",
-    "compilationTime",
-    "compile",
-    "compileAndExport",
-    "copyNamedBuffersToDevice",
-    "copyWeightsToDevice",
-    "copyWeightsToHost",
-    "copyWeightsToHostIfNeeded",
-    "cycleCount",
-    "destroy",
-    "detachFromDevice",
-    "getAnchoredTensor",
-    "getComputeLatency",
-    "getHostIpuLatency",
-    "getIpuHostLatency",
-    "getLatency",
-    "getPerfCounters",
-    "getTensorNames",
-    "isAttachedToDevice",
-    "isCompiled",
-    "loadExecutable",
-    "load_state_dict",
-    "model",
-    "options",
-    "rng_state",
-    "save",
-    "setOptimizer",
-)
-
-#: ``TensorLocationSettings`` methods (PopTorch 3).
-POPTORCH_TENSOR_LOCATION_METHODS: tuple[str, ...] = (
-    "minElementsForOffChip",
-    "minElementsForReplicatedTensorSharding",
-    "useIOTilesToLoad",
-    "useIOTilesToStore",
-    "useOnChipStorage",
-    "useReplicatedTensorSharding",
-)
+load = _refused("load")
+importPoptorchMetadataFromFile = _refused("importPoptorchMetadataFromFile")
+ipuHardwareVersion = _refused("ipuHardwareVersion")
+ctc_beam_search_decoder = _refused("ctc_beam_search_decoder")
+custom_op = _refused("custom_op")
+fps = _refused("fps")
+nearest = _refused("nearest")
+registerCustomArgParser = _refused("registerCustomArgParser")
+accessAttributes = _refused("accessAttributes")
+getIpuTensorId = _refused("getIpuTensorId")

@@ -24,7 +24,7 @@ from popdist_torch.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from popdist_torch.dataloader import DataLoader
+from popdist_torch.data import DataLoader
 from popdist_torch.options import Options
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ import torch
 from torch.utils import data as tud
 
 from popdist.sharding import epoch_permutation
-from popdist_torch.dataloader import DataLoader, current_shard
+from popdist_torch.data import DataLoader, current_shard
 from popdist_torch.enums import DataLoaderMode
 from popdist_torch.options import Options
 

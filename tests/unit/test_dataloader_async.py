@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils import data as tud
 
-from popdist_torch.dataloader import DataLoader
+from popdist_torch.data import DataLoader
 from popdist_torch.enums import DataLoaderMode
 from popdist_torch.options import Options
 

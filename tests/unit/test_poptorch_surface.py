@@ -13,22 +13,67 @@ import torch
 from torch import nn
 
 import popdist_torch as poptorch
-from popdist_torch.compat import (
-    POPTORCH_EXECUTOR_METHODS,
-    POPTORCH_NAMES,
-    POPTORCH_OPTION_METHODS,
-    POPTORCH_TENSOR_LOCATION_METHODS,
-)
 from popdist_torch.options import NO_OP_OPTIONS, UnsupportedOptionError
 from popdist_torch.pipeline import PipelineError, record_schedule
+from popdist_torch.surface import NAMES, NO_OP, OPTION_OWNERS, REFUSED, SUPPORTED, Row, rows_of
+from popdist_torch.surface.page import PAGE, render
 from tests.jobs import ROOT
 
 pytestmark = pytest.mark.unit
 
-TABLE = ROOT / "docs" / "poptorch-compatibility.md"
+#: PopTorch 3's public API as its sources and reference documentation define it
+#: (``poptorch/__init__.py``, ``ops.py``, ``options.py``, ``enums.py``), by owner: the
+#: surface table must list every one (it may list more, such as PopTorch 2's names).
+POPTORCH_3: dict[str, str] = {
+    "poptorch": """
+        trainingModel inferenceModel PoplarExecutor DataLoader AsynchronousDataAccessor Options
+        TensorLocationSettings identity_loss optim load isRunningOnIpu ipuHardwareIsAvailable
+        ipuHardwareVersion setLogLevel registerPreCompileHook registerPostCompileHook
+        ICustomArgParser registerCustomArgParser accessAttributes getIpuTensorId
+        importPoptorchMetadataFromFile Error RecoverableError UnrecoverableError profiling
+        Block BeginBlock BlockFunction removeBlocks Stage Phase AutoStage PipelinedExecution
+        ShardedExecution SerialPhasedExecution ParallelPhasedExecution PhasedExecution
+        ctc_beam_search_decoder ipu_print_tensor for_loop cond nop dynamic_slice dynamic_update
+        recomputationCheckpoint serializedMatMul set_available_memory set_overlap_for_input
+        set_overlap_for_output custom_op CPU MultiConv NameScope fps nearest
+        AnchorMode OutputMode ReductionType MeanReductionStrategy DataLoaderMode SharingStrategy
+        ConnectionType SyncPattern HalfFloatCastingBehavior MatMulSerializationMode Liveness
+        OverlapMode MultiConvPlanType CommGroupType VariableRetrievalMode""",
+    "Options": """
+        anchorMode anchorTensor appendToLocationExcludes autoRoundNumIPUs broadcastBuffers
+        clone connectionType defaultAnchorMode defaultOutputMode deviceIterations
+        disableModuleNamescope enableExecutableCaching enableProfiling enableStableNorm
+        enableSyntheticData exists from_json inputReplicaGrouping loadFromFile logCycleCount
+        logDir maxRepeatLogs modelName outputMode randomSeed relaxOptimizerAttributesChecks
+        replicationFactor setAvailableMemoryProportion setExecutionStrategy
+        showCompilationProgressBar sourceLocationExcludes syncPattern toDict
+        updatableNamedBuffers useIpuId useIpuModel useOfflineIpuTarget""",
+    "Options.Training": """
+        accumulationAndReplicationReductionType gradientAccumulation setAutomaticLossScaling
+        setConvolutionDithering setMeanAccumulationAndReplicationReductionStrategy""",
+    "Options.Distributed": "configureProcessId disable numProcesses processId setEnvVarNames",
+    "Options.TensorLocations": """
+        numIOTiles setAccumulatorLocation setActivationLocation setOptimizerLocation
+        setWeightLocation""",
+    "Options.Jit": "traceModel",
+    "Options.Precision": """
+        enableFloatingPointExceptions enableStochasticRounding halfFloatCasting
+        runningStatisticsAlwaysFloat setPartialsType""",
+    "Options._Popart": "set setEngineOptions setPatterns",
+    "TensorLocationSettings": """
+        minElementsForOffChip minElementsForReplicatedTensorSharding useIOTilesToLoad
+        useIOTilesToStore useOnChipStorage useReplicatedTensorSharding""",
+    "PoplarExecutor": """
+        attachToDevice compilationTime compile compileAndExport copyNamedBuffersToDevice
+        copyWeightsToDevice copyWeightsToHost copyWeightsToHostIfNeeded cycleCount destroy
+        detachFromDevice getAnchoredTensor getComputeLatency getHostIpuLatency getIpuHostLatency
+        getLatency getPerfCounters getTensorNames isAttachedToDevice isCompiled loadExecutable
+        load_state_dict model options rng_state save setOptimizer""",
+}
 
-# Every PopTorch Options method with arguments a PopTorch script passes, and what happens:
-# "set" (supported), "no-op" (recorded, listed in NO_OP_OPTIONS), "refused".
+# Every Options method of the table with arguments a PopTorch script passes, and what
+# happens: "set" or "property" (supported), "no-op" (recorded, listed in NO_OP_OPTIONS),
+# "refused". The table's status must agree.
 _LOC = poptorch.TensorLocationSettings().useOnChipStorage(False)
 OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "anchorMode": ((poptorch.OutputMode.All,), "set"),
@@ -92,22 +137,42 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "Precision.halfFloatCasting": ((poptorch.HalfFloatCastingBehavior.Default,), "no-op"),
     "Precision.runningStatisticsAlwaysFloat": ((True,), "no-op"),
     "Precision.setPartialsType": ((torch.float16,), "no-op"),
+    "Precision.autocastEnabled": ((True,), "set"),
     "_Popart.set": (("enableOutlining", False), "no-op"),
     "_Popart.setEngineOptions": (({"opt.x": "1"},), "no-op"),
     "_Popart.setPatterns": (({"PadSum": True},), "no-op"),
 }
 
 
-def _qualified() -> list[str]:
-    return [f"{g}.{m}" if g else m for g, ms in POPTORCH_OPTION_METHODS.items() for m in ms]
+_STATUS = {"set": SUPPORTED, "property": SUPPORTED, "no-op": NO_OP, "refused": REFUSED}
+
+
+def _option_rows() -> dict[str, Row]:
+    return {row.path: row for row in NAMES if row.owner in OPTION_OWNERS}
+
+
+def _poptorch_3(owner: str) -> set[str]:
+    return set(POPTORCH_3[owner].split())
+
+
+def test_the_table_lists_every_poptorch_name_once() -> None:
+    qualified = [row.qualified for row in NAMES]
+    assert len(qualified) == len(set(qualified))
+    missing = [
+        f"{owner}.{name}"
+        for owner in POPTORCH_3
+        for name in sorted(_poptorch_3(owner) - {row.name for row in rows_of(owner)})
+    ]
+    assert missing == []
 
 
 def test_every_poptorch_name_is_reachable_and_typos_are_not() -> None:
+    names = [row.name for row in rows_of("poptorch")]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # AnchorMode warns on access
-        missing = [name for name in POPTORCH_NAMES if not hasattr(poptorch, name)]
+        missing = [name for name in names if not hasattr(poptorch, name)]
     assert missing == []
-    assert set(POPTORCH_NAMES) <= set(dir(poptorch))
+    assert set(names) <= set(dir(poptorch))
     assert not hasattr(poptorch, "PipelinedExecutoin")
     with pytest.raises(AttributeError, match="PipelinedExecutoin"):
         _ = poptorch.PipelinedExecutoin  # type: ignore[attr-defined]
@@ -120,12 +185,17 @@ def test_the_tutorial_names_are_the_pipeline_classes() -> None:
         assert getattr(poptorch, name) is getattr(pipeline, name)
 
 
-@pytest.mark.parametrize("name", _qualified())
+def _target(opts: Any, path: str) -> tuple[Any, str]:
+    group, _, method = path.rpartition(".")
+    return (getattr(opts, group) if group else opts), method
+
+
+@pytest.mark.parametrize("name", sorted(_option_rows()))
 def test_every_options_method_behaves_as_documented(name: str) -> None:
     args, outcome = OPTION_CALLS[name]
+    assert _option_rows()[name].status == _STATUS[outcome]
     opts = poptorch.Options()
-    group, _, method = name.rpartition(".")
-    target = getattr(opts, group) if group else opts
+    target, method = _target(opts, name)
     if outcome == "property":
         assert isinstance(getattr(target, method), int)
         return
@@ -134,34 +204,67 @@ def test_every_options_method_behaves_as_documented(name: str) -> None:
         with pytest.raises(UnsupportedOptionError, match=re.escape(method)):
             call(*args)
         return
+    before = target.toDict()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         result = call(*args)
     if outcome == "no-op":
         assert name in NO_OP_OPTIONS
         assert result is target
+        assert target.toDict() != before, "a no-op setter records its value for toDict()"
     else:
         assert name not in NO_OP_OPTIONS
 
 
-def test_option_calls_cover_poptorch_exactly() -> None:
-    assert sorted(OPTION_CALLS) == sorted(_qualified())
+def test_option_calls_cover_the_table_exactly() -> None:
+    assert sorted(OPTION_CALLS) == sorted(_option_rows())
+
+
+def test_generated_setters_follow_their_rows() -> None:
+    """No-op setters chain and name their reason; refusals raise the row's message."""
+    opts = poptorch.Options()
+    for path, row in _option_rows().items():
+        target, method = _target(opts, path)
+        setter = getattr(type(target), method)
+        if row.status == NO_OP:
+            assert row.note in setter.__doc__, path
+        elif row.status == REFUSED and row.when is None:
+            with pytest.raises(UnsupportedOptionError) as caught:
+                getattr(target, method)("x")
+            assert str(caught.value) == row.message()
 
 
 def test_tensor_location_settings_methods_chain() -> None:
     settings = poptorch.TensorLocationSettings()
-    for method in POPTORCH_TENSOR_LOCATION_METHODS:
-        arg: Any = 4 if method.startswith("minElements") else False
-        assert getattr(settings, method)(arg) is settings
+    for row in rows_of("TensorLocationSettings"):
+        arg: Any = 4 if row.name.startswith("minElements") else False
+        assert getattr(settings, row.name)(arg) is settings
+    with pytest.raises(UnsupportedOptionError, match="useReplicatedTensorSharding"):
+        settings.useReplicatedTensorSharding(True)
 
 
-def test_compatibility_table_lists_every_name() -> None:
-    rows = set(re.findall(r"^\| `([^`]+)`", TABLE.read_text(), re.M))
-    names = {f"poptorch.{n}" for n in POPTORCH_NAMES}
-    names |= {f"Options.{q}" for q in _qualified()}
-    names |= {f"TensorLocationSettings.{m}" for m in POPTORCH_TENSOR_LOCATION_METHODS}
-    names |= {f"PoplarExecutor.{m}" for m in POPTORCH_EXECUTOR_METHODS}
-    assert sorted(names - rows) == []
+def test_the_page_is_the_tables_rendering() -> None:
+    """``docs/poptorch-names.md`` is rendered from the table: re-render it after a change."""
+    assert (ROOT / PAGE).read_text() == render(), (
+        "docs/poptorch-names.md differs from the table: run `python -m popdist_torch.surface.page`"
+    )
+    rows = set(re.findall(r"^\| `([^`]+)`", (ROOT / PAGE).read_text(), re.M))
+    assert rows == {row.qualified for row in NAMES}
+
+
+def test_every_row_resolves() -> None:
+    """Each name of the table is an attribute of its owner (module, options, executor)."""
+    opts = poptorch.Options()
+    owners: dict[str, Any] = {
+        "poptorch": poptorch,
+        "TensorLocationSettings": poptorch.TensorLocationSettings(),
+        "PoplarExecutor": poptorch.inferenceModel(nn.Linear(2, 2)),
+        **{owner: _target(opts, f"{owner.partition('.')[2]}.x")[0] for owner in OPTION_OWNERS},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        missing = [row.qualified for row in NAMES if not hasattr(owners[row.owner], row.name)]
+    assert missing == []
 
 
 def test_anchor_mode_is_a_deprecated_alias_of_output_mode() -> None:
@@ -187,6 +290,11 @@ def test_refused_names_raise_naming_what_to_use() -> None:
         poptorch.custom_op([torch.ones(1)], "Cube", "com.acme", 1)
     with pytest.raises(UnsupportedOptionError, match="ipuHardwareIsAvailable"):
         poptorch.ipuHardwareVersion()
+    for row in rows_of("poptorch"):
+        if row.status == REFUSED:
+            with pytest.raises(UnsupportedOptionError) as caught:
+                getattr(poptorch, row.name)()
+            assert str(caught.value) == row.message()
 
 
 def test_hardware_queries_and_log_level() -> None:
@@ -233,13 +341,18 @@ def test_ops_compute_what_poptorch_computes() -> None:
 def test_executor_methods_exist_and_refusals_name_the_alternative() -> None:
     model = nn.Linear(2, 2)
     executor = poptorch.inferenceModel(model)
-    missing = [m for m in POPTORCH_EXECUTOR_METHODS if not hasattr(executor, m)]
+    missing = [row.name for row in rows_of("PoplarExecutor") if not hasattr(executor, row.name)]
     assert missing == []
     assert executor.copyWeightsToHostIfNeeded() is False
     with pytest.raises(UnsupportedOptionError, match="save_checkpoint"):
         executor.compileAndExport("model.poptorch")
     with pytest.raises(UnsupportedOptionError, match=r"torch\.profiler"):
         executor.getHostIpuLatency()
+    for row in rows_of("PoplarExecutor"):
+        if row.status == REFUSED:
+            with pytest.raises(UnsupportedOptionError) as caught:
+                getattr(executor, row.name)("x")
+            assert str(caught.value) == row.message()
     state = executor.rng_state
     first = torch.rand(3)
     executor.rng_state = state

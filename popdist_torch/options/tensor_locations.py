@@ -1,0 +1,66 @@
+"""``opts.TensorLocations`` and ``TensorLocationSettings``: where tensors are kept.
+
+Only the optimizer state's place has an effect here (on the device, or in host memory
+between weight updates); activations, weights and accumulators stay where torch keeps them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from popdist_torch.errors import OptionsError
+from popdist_torch.options.group import OptionGroup, install_setters
+
+__all__ = ["TensorLocationOptions", "TensorLocationSettings"]
+
+
+@install_setters
+class TensorLocationSettings(OptionGroup):
+    """Where a class of tensors lives; only ``useOnChipStorage`` has an effect here."""
+
+    _owner = "TensorLocationSettings"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_chip = True
+
+    def useOnChipStorage(self, use: bool = True) -> TensorLocationSettings:
+        """``False``: keep the tensors in host memory between weight updates."""
+        self.on_chip = bool(use)
+        return self
+
+    def _values(self) -> dict[str, Any]:
+        return {"on_chip": self.on_chip}
+
+    def __repr__(self) -> str:
+        return f"TensorLocationSettings(on_chip={self.on_chip})"
+
+
+@install_setters
+class TensorLocationOptions(OptionGroup):
+    """``opts.TensorLocations``: where optimizer state is kept between updates."""
+
+    _owner = "Options.TensorLocations"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._optimizer_on_chip = True
+
+    @property
+    def optimizer_on_chip(self) -> bool:
+        """``False``: optimizer state sits in host memory, moved to the device per update."""
+        return self._optimizer_on_chip
+
+    def setOptimizerLocation(self, location: TensorLocationSettings) -> TensorLocationOptions:
+        """Keep optimizer state on the device (default) or in host memory."""
+        self._check_mutable("setOptimizerLocation")
+        if not isinstance(location, TensorLocationSettings):
+            raise OptionsError(
+                f"TensorLocations.setOptimizerLocation({location!r}): expected a "
+                f"TensorLocationSettings, e.g. TensorLocationSettings().useOnChipStorage(False)"
+            )
+        self._optimizer_on_chip = location.on_chip
+        return self
+
+    def _values(self) -> dict[str, Any]:
+        return {"optimizer_on_chip": self._optimizer_on_chip}

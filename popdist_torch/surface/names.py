@@ -1,0 +1,235 @@
+"""The PopTorch surface table: every public PopTorch name and what it does here.
+
+PopTorch 3's public API as its sources and reference documentation define it
+(``poptorch/__init__.py``, ``ops.py``, ``options.py``, ``enums.py``), plus the names
+PopTorch 2.x deprecated that older scripts still use (``AnchorMode``, ``Options.anchorMode``)
+and ``Precision.autocastEnabled``. One row per name (:class:`~popdist_torch.surface.rows.Row`):
+
+- the no-op setters of ``Options``, its groups and ``TensorLocationSettings`` are generated
+  from their rows (``record`` says what value they keep for ``toDict()``);
+- every refused name, wherever it lives, raises the row's note;
+- ``docs/poptorch-names.md`` is rendered from this table
+  (``python -m popdist_torch.surface.page``), and a unit test checks the committed page and
+  that every row resolves on ``popdist_torch``, ``Options``, its groups and the executor.
+
+Changing what a name does is changing its row: a refused setter becomes a recorded no-op by
+giving it ``no_op(..., record=lambda <its arguments>: <value kept>)``.
+"""
+
+from __future__ import annotations
+
+from popdist_torch.enums import HalfFloatCastingBehavior, MeanReductionStrategy
+from popdist_torch.surface.rows import Row, no_op, refused, supported, whole_number
+
+__all__ = ["NAMES", "OPTION_OWNERS", "rows_of"]
+
+# fmt: off
+P = "poptorch"
+MODELS, PARALLEL, OPS, ENUMS = "models", "model parallelism", "operations", "enumerations"
+_SAVE = "save with popdist_torch.save_checkpoint and restore with popdist_torch.load_checkpoint"
+_NO_IPU = "there are no IPU transfers; use torch.profiler"
+_SETTERS = "call the setters in Python (opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
+
+TOP_LEVEL: tuple[Row, ...] = (
+    supported(P, "trainingModel", "data-parallel executor: local replicas, device iterations, accumulation, Horovod across instances", MODELS),
+    supported(P, "inferenceModel", "as `trainingModel`, forward only", MODELS),
+    supported(P, "PoplarExecutor", "the wrapper both return; its methods are below", MODELS),
+    supported(P, "DataLoader", "combined batches, sharding by process, `Sync`/`Async`/`AsyncRebatched` ([dataloader.md](dataloader.md))", MODELS),
+    supported(P, "AsynchronousDataAccessor", "iterates a loader in a background thread, `buffer_size` ahead; other arguments accepted, no effect", MODELS),
+    supported(P, "Options", "setters below", MODELS),
+    supported(P, "TensorLocationSettings", "methods below", MODELS),
+    supported(P, "identity_loss", '`"sum"`, `"mean"`, `"none"`', MODELS),
+    supported(P, "optim", "PopTorch's optimizers on torch ([executor.md](executor.md))", MODELS),
+    refused(P, "load", f"there are no PopTorch executables; {_SAVE}, then wrap the model again", section=MODELS),
+    supported(P, "isRunningOnIpu", "always `False`: forward never runs on an IPU", MODELS),
+    supported(P, "ipuHardwareIsAvailable", "always `False` (see Decisions)", MODELS),
+    refused(P, "ipuHardwareVersion", "there is no IPU hardware here (popdist_torch runs on CPU or GPU); check poptorch.ipuHardwareIsAvailable() first", section=MODELS),
+    supported(P, "setLogLevel", "`TRACE`, `DEBUG`, `INFO`, `WARN`, `ERR`, `OFF` or PopTorch's integers; sets the `popdist_torch` logger", MODELS),
+    no_op(P, "registerPreCompileHook", "PopTorch calls the hook before compiling; there is no compilation, so it is never called (a removable handle is returned)", section=MODELS),
+    no_op(P, "registerPostCompileHook", "PopTorch calls the hook after compiling; never called, as above", section=MODELS),
+    supported(P, "ICustomArgParser", "the abstract class exists; see `registerCustomArgParser`", MODELS),
+    refused(P, "registerCustomArgParser", "pass tensors, or tuples, lists and dicts of tensors (they are walked with torch's pytree)", section=MODELS),
+    refused(P, "accessAttributes", "attributes of inputs are read in forward as plain Python", section=MODELS),
+    refused(P, "getIpuTensorId", "tensors have no IPU ids here", section=MODELS),
+    refused(P, "importPoptorchMetadataFromFile", "there are no PopTorch executables to read metadata from", section=MODELS),
+    supported(P, "Error", "exception class (`RuntimeError`, under the package root `PopdistTorchError`); the executor raises its own errors (`ExecutorError`, `OptionsError`, `PipelineError`)", MODELS),
+    supported(P, "RecoverableError", "subclass of `Error`; never raised here", MODELS),
+    supported(P, "UnrecoverableError", "subclass of `Error`; never raised here", MODELS),
+    no_op(P, "profiling", "PopTorch writes trace points to a PopVision trace; `profiling.Channel(name).instrument(obj, ...)` returns `obj`, `.tracepoint(name)` times nothing; use `torch.profiler`", section=MODELS),
+    # model parallelism
+    supported(P, "Block", 'context; `Block("B1")`, `Block(ipu_id=0)`; `Block.useAutoId()` names unnamed blocks `"0"`, `"1"`... ([pipelining.md](pipelining.md))', PARALLEL),
+    supported(P, "BeginBlock", "marks a module as the start of a block (a non-module callable is refused: wrap it in a module)", PARALLEL),
+    supported(P, "BlockFunction", "decorator: each call runs inside `Block(user_id, ipu_id)`", PARALLEL),
+    supported(P, "removeBlocks", "removes the `BeginBlock` marks of a module and its submodules", PARALLEL),
+    supported(P, "Stage", '`Stage("B1", "B2").ipu(0)`', PARALLEL),
+    supported(P, "Phase", '`Phase(Stage(...), ...)` or `Phase("A", "B")`; `.ipus(...)`, `.stage(i)`', PARALLEL),
+    supported(P, "AutoStage", "`SameAsIpu` (default: one stage per `ipu_id`), `AutoIncrement` (one stage per block)", PARALLEL),
+    supported(P, "PipelinedExecution", 'stages, block names, lists of block names, or one `AutoStage`; 1F1B schedule (or `schedule="gpipe"`)', PARALLEL),
+    supported(P, "ShardedExecution", "one stage at a time", PARALLEL),
+    supported(P, "SerialPhasedExecution", "runs as the sharded schedule (see Decisions); `setTensorsLiveness` accepted, no effect", PARALLEL),
+    supported(P, "ParallelPhasedExecution", "runs as the sharded schedule; `sendTensorsOffChipAfterFwd` accepted, no effect", PARALLEL),
+    supported(P, "PhasedExecution", "the tutorial's name: `SerialPhasedExecution`", PARALLEL),
+    # operations
+    supported(P, "ipu_print_tensor", "prints the tensor (with its title) when forward runs; returns it", OPS),
+    supported(P, "for_loop", "runs the body `count` times in Python", OPS),
+    supported(P, "cond", "runs one branch, chosen by the condition's value", OPS),
+    supported(P, "nop", "returns its input", OPS),
+    supported(P, "dynamic_slice", "`tensor[start:start+size:step]` along `dim`", OPS),
+    supported(P, "dynamic_update", "a copy of the input with `src` written at `start`", OPS),
+    no_op(P, "recomputationCheckpoint", "PopTorch recomputes activations from there; here there is no recomputation: returns its tensors", section=OPS),
+    supported(P, "serializedMatMul", "`lhs @ rhs`, computed whole", OPS),
+    no_op(P, "set_available_memory", "PopTorch plans tile memory with it; there are no tiles: returns its tensor", section=OPS),
+    no_op(P, "set_overlap_for_input", "PopTorch overlaps host I/O on IO tiles; there are none: returns its tensors", section=OPS),
+    no_op(P, "set_overlap_for_output", "as `set_overlap_for_input`", section=OPS),
+    supported(P, "CPU", "calls the wrapped function: the whole model already runs on the host", OPS),
+    no_op(P, "MultiConv", "PopTorch plans convolutions together; here a context whose planner setters chain and record, convolutions run one by one", section=OPS),
+    no_op(P, "NameScope", "PopTorch names graph nodes with it; here a context, there are no graph name scopes", section=OPS),
+    refused(P, "custom_op", "there are no Poplar codelets; write the operation in torch inside forward", section=OPS),
+    refused(P, "ctc_beam_search_decoder", "decode outside the model (e.g. torchaudio.models.decoder.ctc_decoder)", section=OPS),
+    refused(P, "fps", "use torch_cluster.fps (PopTorch Geometric op)", section=OPS),
+    refused(P, "nearest", "use torch_cluster.nearest (PopTorch Geometric op)", section=OPS),
+    # enumerations: all have PopTorch's members and values
+    supported(P, "OutputMode", "`Final`, `EveryN`, `All`, `Sum`, `Default`", ENUMS),
+    supported(P, "AnchorMode", "deprecated alias of `OutputMode`, warns on access", ENUMS),
+    supported(P, "ReductionType", "`Mean`, `Sum` for gradients; `NoReduction` refused by `accumulationAndReplicationReductionType`", ENUMS),
+    supported(P, "MeanReductionStrategy", "every strategy gives the same result here (sum, then divide once); `PostAndLoss` is PopTorch 3's name of the value 2", ENUMS),
+    supported(P, "DataLoaderMode", "`Sync`, `Async`, `AsyncRebatched`", ENUMS),
+    supported(P, "SharingStrategy", "accepted in `async_options`; workers share tensors the torch way", ENUMS),
+    supported(P, "ConnectionType", "for `Options.connectionType` (a no-op)", ENUMS),
+    supported(P, "SyncPattern", "for `Options.syncPattern` (a no-op)", ENUMS),
+    supported(P, "HalfFloatCastingBehavior", "for `Precision.halfFloatCasting` (a no-op)", ENUMS),
+    supported(P, "MatMulSerializationMode", "for `serializedMatMul`", ENUMS),
+    supported(P, "Liveness", "for `SerialPhasedExecution.setTensorsLiveness` (no effect)", ENUMS),
+    supported(P, "OverlapMode", "for `set_overlap_for_input`/`_output` (no-ops)", ENUMS),
+    supported(P, "MultiConvPlanType", "for `MultiConv.planType` (no effect)", ENUMS),
+    supported(P, "CommGroupType", "the enumeration exists; replica-grouped variables are not supported", ENUMS),
+    supported(P, "VariableRetrievalMode", "the enumeration exists; replica-grouped variables are not supported", ENUMS),
+)
+
+OPT = "Options"
+OPTIONS: tuple[Row, ...] = (
+    supported(OPT, "deviceIterations"),
+    supported(OPT, "replicationFactor", "local replicas of this process"),
+    supported(OPT, "randomSeed", "seeds torch and the DataLoader's shuffling"),
+    supported(OPT, "outputMode", "accepts `AnchorMode` values with a warning"),
+    supported(OPT, "anchorMode", "deprecated alias of `outputMode`, warns"),
+    supported(OPT, "defaultOutputMode"),
+    supported(OPT, "defaultAnchorMode", "deprecated alias of `defaultOutputMode`, warns"),
+    supported(OPT, "broadcastBuffers"),
+    supported(OPT, "enableExecutableCaching", "directory of the executable cache"),
+    supported(OPT, "setExecutionStrategy", "any strategy of the table above"),
+    supported(OPT, "clone", "a mutable copy"),
+    supported(OPT, "toDict"),
+    supported(OPT, "exists", "whether a `toDict()` key has a value"),
+    refused(OPT, "inputReplicaGrouping", "only a group size of 1 is supported here; every replica gets its own micro-batch", when=lambda input_group_size, input_group_type=None: input_group_size != 1, when_text="for any size but 1"),
+    refused(OPT, "enableSyntheticData", "the executor always uses the tensors you pass; build random tensors yourself to benchmark without I/O", when=lambda enabled: bool(enabled), when_text="for `True`"),
+    refused(OPT, "anchorTensor", "return the tensor from forward() instead"),
+    refused(OPT, "enableProfiling", "there is no PopVision profile; use torch.profiler, or popdist_torch.pipeline.record_schedule() for a staged model's schedule"),
+    refused(OPT, "loadFromFile", _SETTERS),
+    refused(OPT, "from_json", _SETTERS),
+    no_op(OPT, "showCompilationProgressBar", "PopTorch shows compilation progress; there is no compilation", lambda show=True: bool(show)),
+    no_op(OPT, "logDir", "PopTorch writes compiler logs there; the executor writes none", lambda log_dir: str(log_dir)),
+    no_op(OPT, "logCycleCount", "PopTorch logs device cycles; there are none", lambda log_cycle_count: bool(log_cycle_count)),
+    no_op(OPT, "useIpuModel", "PopTorch simulates an IPU on the host; the model always runs on the host (or GPU)", lambda use_model: bool(use_model)),
+    no_op(OPT, "useIpuId", "PopTorch picks a device by id; devices are chosen by the executor", lambda ipu_id: whole_number("useIpuId", ipu_id, minimum=0)),
+    no_op(OPT, "useOfflineIpuTarget", "PopTorch compiles for an absent IPU; the model runs on this host", lambda ipu_version=2: int(ipu_version)),
+    no_op(OPT, "autoRoundNumIPUs", "PopTorch rounds the IPU count to a power of two; any number of devices can be used", lambda auto_round: bool(auto_round)),
+    no_op(OPT, "connectionType", "PopTorch defers attaching to hardware; there is no device connection", lambda connection_type: int(connection_type)),
+    no_op(OPT, "syncPattern", "PopTorch's host/device sync pattern; there is none", lambda sync_pattern: int(sync_pattern)),
+    no_op(OPT, "setAvailableMemoryProportion", "PopTorch plans tile memory; there is none", lambda available_memory_proportion: dict(available_memory_proportion)),
+    no_op(OPT, "enableStableNorm", "PopTorch's stable norm computation; torch's norms are stable already", lambda enabled: bool(enabled)),
+    no_op(OPT, "sourceLocationExcludes", "PopTorch's compiler source locations; there are none", lambda excludes: list(excludes)),
+    no_op(OPT, "appendToLocationExcludes", "as `sourceLocationExcludes`", lambda *excludes: list(excludes)),
+    no_op(OPT, "relaxOptimizerAttributesChecks", "PopTorch checks optimizer attributes; any torch optimizer is accepted as it is", lambda relax=True: bool(relax)),
+    no_op(OPT, "maxRepeatLogs", "PopTorch limits repeated compiler logs; there are none", lambda max_lines: max_lines),
+    no_op(OPT, "modelName", "PopTorch names the compiled executable; there is none to name", lambda name: str(name)),
+    no_op(OPT, "disableModuleNamescope", "PopTorch names graph nodes by module; there are no graph name scopes", lambda: True),
+    no_op(OPT, "updatableNamedBuffers", "PopTorch lets these buffers be written from the host; every buffer is updatable already", lambda buffers: list(buffers)),
+)
+
+T = "Options.Training"
+D = "Options.Distributed"
+L = "Options.TensorLocations"
+PR = "Options.Precision"
+GROUPS: tuple[Row, ...] = (
+    supported(T, "gradientAccumulation"),
+    supported(T, "accumulationAndReplicationReductionType", "`Mean` or `Sum`"),
+    no_op(T, "setMeanAccumulationAndReplicationReductionStrategy", "PopTorch chooses when a mean divides; the executor sums then divides once, which every strategy gives", lambda strategy: MeanReductionStrategy(strategy)),
+    no_op(T, "setConvolutionDithering", "an IPU tile-placement choice", lambda enabled: bool(enabled)),
+    refused(T, "setAutomaticLossScaling", "the executor trains in the model's own dtype; use torch.amp.GradScaler in your own loop if you need it"),
+    supported(D, "configureProcessId"),
+    supported(D, "setEnvVarNames"),
+    supported(D, "disable"),
+    supported(D, "processId", "property"),
+    supported(D, "numProcesses", "property"),
+    supported(L, "setOptimizerLocation", "`useOnChipStorage(False)` keeps optimizer state in host memory between updates"),
+    no_op(L, "setActivationLocation", "PopTorch keeps activations on or off chip; they stay where torch computes them", lambda location: repr(location)),
+    no_op(L, "setWeightLocation", "PopTorch keeps weights on or off chip; they stay in the user's module", lambda location: repr(location)),
+    no_op(L, "setAccumulatorLocation", "PopTorch keeps accumulators on or off chip; accumulated gradients are the parameters' `.grad`", lambda location: repr(location)),
+    no_op(L, "numIOTiles", "PopTorch reserves tiles for I/O; there are no IO tiles", lambda num_tiles: whole_number("TensorLocations.numIOTiles", num_tiles, minimum=0)),
+    no_op("Options.Jit", "traceModel", "PopTorch traces the model with torch.jit; it always runs eagerly", lambda trace_model: bool(trace_model)),
+    no_op(PR, "setPartialsType", "PopTorch's type of matmul and convolution partials; torch computes them in the model's dtype", lambda dtype: str(dtype)),
+    no_op(PR, "enableFloatingPointExceptions", "PopTorch traps IPU float exceptions; use `torch.autograd.set_detect_anomaly`", lambda enabled: bool(enabled)),
+    no_op(PR, "halfFloatCasting", "PopTorch's float16/float32 casting rule; torch's type promotion applies", lambda behavior: HalfFloatCastingBehavior(behavior)),
+    no_op(PR, "runningStatisticsAlwaysFloat", "PopTorch keeps norm statistics in float32; they keep the buffers' dtype", lambda value: bool(value)),
+    no_op(PR, "enableStochasticRounding", "an IPU rounding mode; CPUs and GPUs round to nearest", lambda enabled: bool(enabled)),
+    supported(PR, "autocastEnabled", "PopTorch 2's automatic half precision: forward passes under `torch.autocast` on the instance's device (bfloat16, or float16 as second argument)"),
+    no_op("Options._Popart", "set", "a PopART session option; there is no PopART session (recorded under its key)", lambda key, value: {str(key): value}, key=None),
+    no_op("Options._Popart", "setEngineOptions", "Poplar engine options; there is no Poplar engine (recorded as `engine_options`)", lambda engine_options: dict(engine_options), key="engine_options"),
+    no_op("Options._Popart", "setPatterns", "PopART graph patterns; there are none (recorded as `patterns`)", lambda patterns, level=2: dict(patterns), key="patterns"),
+)
+
+S = "TensorLocationSettings"
+LOCATION_SETTINGS: tuple[Row, ...] = (
+    supported(S, "useOnChipStorage", "for `setOptimizerLocation`"),
+    refused(S, "useReplicatedTensorSharding", "every replica keeps the whole optimizer state; leave it off", when=lambda use=True: bool(use), when_text="for `True`"),
+    no_op(S, "minElementsForOffChip", "PopTorch's on-chip size threshold; there is no on-chip memory", lambda min_elements: min_elements),
+    no_op(S, "minElementsForReplicatedTensorSharding", "there is no replicated tensor sharding", lambda min_elements: min_elements),
+    no_op(S, "useIOTilesToLoad", "there are no IO tiles", lambda use=True: bool(use)),
+    no_op(S, "useIOTilesToStore", "there are no IO tiles", lambda use=True: bool(use)),
+)
+
+E = "PoplarExecutor"
+EXECUTOR: tuple[Row, ...] = (
+    supported(E, "model", "the user's module, which holds the weights"),
+    supported(E, "options"),
+    supported(E, "load_state_dict", "the module's own"),
+    supported(E, "setOptimizer", "new hyper-parameters from the next call"),
+    supported(E, "compile", "checks a batch's shape without running it"),
+    supported(E, "isCompiled", "`True`: nothing to compile"),
+    supported(E, "destroy"),
+    supported(E, "isAttachedToDevice"),
+    supported(E, "detachFromDevice"),
+    supported(E, "attachToDevice"),
+    supported(E, "rng_state", "torch's random generator state, read and set"),
+    no_op(E, "copyWeightsToHost", "PopTorch copies weights from the IPU; the module holds them after every call"),
+    no_op(E, "copyWeightsToDevice", "PopTorch copies weights to the IPU; calls read the module's weights"),
+    no_op(E, "copyWeightsToHostIfNeeded", "returns `False`: the module is never stale"),
+    no_op(E, "copyNamedBuffersToDevice", "PopTorch copies buffers to the IPU; calls read the module's buffers"),
+    refused(E, "compileAndExport", "there is no executable to export; save the weights and optimizer with popdist_torch.save_checkpoint"),
+    refused(E, "loadExecutable", "there is no executable; restore weights with popdist_torch.load_checkpoint"),
+    refused(E, "save", "use popdist_torch.save_checkpoint(path, model, optimizer)"),
+    refused(E, "getTensorNames", "there is no IPU graph; return the tensors you need from forward()"),
+    refused(E, "getAnchoredTensor", "return the tensor from forward() instead"),
+    refused(E, "cycleCount", "there are no IPU cycles; time calls with time.perf_counter()"),
+    refused(E, "compilationTime", "there is no compilation (isCompiled() is True)"),
+    refused(E, "getPerfCounters", _NO_IPU),
+    refused(E, "getLatency", _NO_IPU),
+    refused(E, "getHostIpuLatency", _NO_IPU),
+    refused(E, "getComputeLatency", _NO_IPU),
+    refused(E, "getIpuHostLatency", _NO_IPU),
+)
+
+# fmt: on
+
+#: Every PopTorch name, top-level names first, then ``Options`` and its groups,
+#: ``TensorLocationSettings`` and the executor's methods.
+NAMES: tuple[Row, ...] = (*TOP_LEVEL, *OPTIONS, *GROUPS, *LOCATION_SETTINGS, *EXECUTOR)
+
+#: The owners whose attributes hang off ``Options()``: ``Options`` and its groups.
+OPTION_OWNERS: tuple[str, ...] = (OPT, T, D, L, "Options.Jit", PR, "Options._Popart")
+
+
+def rows_of(owner: str) -> tuple[Row, ...]:
+    """The rows of one owner (``"Options.Training"``...), in table order."""
+    return tuple(row for row in NAMES if row.owner == owner)

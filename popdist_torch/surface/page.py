@@ -1,0 +1,125 @@
+"""``docs/poptorch-names.md``, rendered from the surface table.
+
+``python -m popdist_torch.surface.page`` writes the page; a unit test checks that the
+committed page is this rendering, so the page and the code cannot disagree.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from popdist_torch.surface.names import ENUMS, MODELS, NAMES, OPS, PARALLEL
+from popdist_torch.surface.rows import REFUSED, Row
+
+__all__ = ["PAGE", "render"]
+
+#: Where the page lives in the repository.
+PAGE = Path("docs") / "poptorch-names.md"
+
+INTRO = """\
+# PopTorch names: every public name and what it does here
+
+<!-- Rendered from popdist_torch/surface/names.py by `python -m popdist_torch.surface.page`;
+edit the table there, not this page (a unit test compares them). -->
+
+`import popdist_torch as poptorch` stands in for PopTorch. This page lists every public name of
+PopTorch 3 (its `poptorch/__init__.py`, `ops.py`, `options.py`, `enums.py` and the API reference
+of its user guide), plus the names PopTorch 2.x deprecated that older scripts and the Lightning
+IPU pages still use (`AnchorMode`, `Options.anchorMode`) and PopTorch 2's
+`Precision.autocastEnabled`. Each name is one of:
+
+- **supported**: does what PopTorch does (on CPU or GPU instead of IPUs);
+- **no-op**: accepted, so the script runs; it changes nothing here, for the reason given (what
+  PopTorch does with it, and why that has no effect here). Option no-ops record their value,
+  which shows in `opts.toDict()`;
+- **refused**: reachable (so `hasattr` and imports work), but calling it raises
+  `poptorch.UnsupportedOptionError` (a `RuntimeError`) with the message quoted, which names
+  what to use instead.
+
+A name that PopTorch does not have raises `AttributeError`, as any module does. The page is
+rendered from one table, `popdist_torch/surface/names.py`, which also generates the no-op and
+refused setters of `Options` and its groups and every refused name's error; the test
+`tests/unit/test_poptorch_surface.py` checks that this page is the table's rendering and that
+every name resolves. The seed documents' listings run unchanged but for their imports
+(`tests/seeds/`, `tests/parallel/test_seed_listings.py`).
+
+## Decisions
+
+- **Auto-staging, as PopTorch.** A model whose `Block` contexts, `BeginBlock` modules or
+  `BlockFunction`s carry an `ipu_id`, wrapped with no `setExecutionStrategy`, runs as
+  `PipelinedExecution(AutoStage.SameAsIpu)`: the blocks of one `ipu_id` form one stage on that
+  device, stages in device order. `Block` contexts are seen only when forward runs, so the first
+  call watches its forward: at the first placed `Block` it stops the forward (before any backward
+  or optimizer step) and runs the call again through the stages. `Block` contexts *without* an
+  `ipu_id` and no strategy leave the model whole (PopTorch would refuse the model) and warn once,
+  in one line: give each `Block` an `ipu_id`, or set a strategy. `BeginBlock` modules without an
+  `ipu_id` keep the earlier behaviour: one stage per block, stage *i* on device *i*.
+- **Phased execution runs as the sharded schedule.** `SerialPhasedExecution`,
+  `ParallelPhasedExecution` and `PhasedExecution` (the tutorial's name; here the serial one) take
+  their phases as PopTorch does and run the phases' stages one after the other, as
+  `ShardedExecution` does. On an IPU, phases trade speed for memory; here every weight stays where
+  it is, so the results are those of the phases. An unplaced stage runs on the device of its
+  position within its phase.
+- **`ipuHardwareIsAvailable()` is `False`.** There are no IPUs. Scripts that branch on it take
+  their "no hardware" path, usually `opts.useIpuModel(True)`, which is a no-op here: the model
+  runs on the same executor either way.
+- **Deprecated aliases warn.** `poptorch.AnchorMode`, `Options.anchorMode`,
+  `Options.defaultAnchorMode` and `outputMode(AnchorMode.X)` work and raise one `FutureWarning`
+  each (PopTorch 2.4 renamed them to `OutputMode`, `outputMode`, `defaultOutputMode`).
+"""
+
+#: The page's sections: heading, a line under it, and which rows it holds.
+SECTIONS: tuple[tuple[str, str, tuple[Row, ...]], ...] = (
+    ("Top-level names", "", tuple(r for r in NAMES if r.owner == "poptorch" and r.section == MODELS)),
+    ("Model parallelism", "", tuple(r for r in NAMES if r.section == PARALLEL)),
+    ("Operations", "", tuple(r for r in NAMES if r.section == OPS)),
+    ("Enumerations", "All have PopTorch's members and values.", tuple(r for r in NAMES if r.section == ENUMS)),
+    ("`Options`", "", tuple(r for r in NAMES if r.owner.split(".")[0] == "Options")),
+    ("`TensorLocationSettings`", "", tuple(r for r in NAMES if r.owner == "TensorLocationSettings")),
+    (
+        "`PoplarExecutor` (what `trainingModel` and `inferenceModel` return)",
+        "Other attributes are the wrapped module's (`model.train()`, `state_dict()`...).",
+        tuple(r for r in NAMES if r.owner == "PoplarExecutor"),
+    ),
+)  # fmt: skip
+
+
+def _note(row: Row) -> str:
+    if row.status != REFUSED:
+        return row.note
+    quoted = f'"{row.note}"'
+    return f"{row.when_text}: {quoted}" if row.when_text else quoted
+
+
+def _table(rows: Iterable[Row]) -> list[str]:
+    lines = ["| name | status | notes |", "|---|---|---|"]
+    lines += [
+        f"| `{row.qualified}` | {row.status} | {_note(row)} |".replace("|  |", "| |")
+        for row in rows
+    ]
+    return lines
+
+
+def render() -> str:
+    """The whole page, from the table."""
+    lines = [INTRO.rstrip()]
+    for heading, line, rows in SECTIONS:
+        lines += ["", f"## {heading}", ""]
+        if line:
+            lines += [line, ""]
+        lines += _table(rows)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """Write the page under the repository root given (default: the current directory)."""
+    root = Path(argv[0]) if argv else Path()
+    (root / PAGE).write_text(render())
+    print(f"wrote {root / PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
