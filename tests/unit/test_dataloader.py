@@ -337,15 +337,6 @@ def test_iterable_dataset_is_sharded_by_instance(self_sharding: bool) -> None:
     assert [len(s) for s in shards] == [10, 10, 10]
 
 
-def test_iterable_dataset_is_sharded_by_worker_too() -> None:
-    got: list[int] = []
-    for pid in range(2):
-        loader = DataLoader(make_options(pid, 2), Stream(40), batch_size=2, num_workers=2)
-        got.extend(i for b in loader for i in b.tolist())
-        loader.terminate()
-    assert sorted(got) == list(range(40))
-
-
 def test_current_shard_outside_iteration() -> None:
     assert current_shard() == (0, 1)
 
