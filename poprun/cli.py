@@ -41,12 +41,22 @@ def run(
     """
     from poprun.run.signals import SignalInbox
 
-    if inbox is None:
-        own = SignalInbox().install()
-        try:
-            return run(values, program, environ, inbox=own)
-        finally:
-            own.restore()
+    if inbox is not None:
+        return _run(values, program, environ, inbox)
+    own = SignalInbox().install()
+    try:
+        return _run(values, program, environ, own)
+    finally:
+        own.restore()
+
+
+def _run(
+    values: dict[str, Any],
+    program: tuple[str, ...],
+    environ: dict[str, str] | None,
+    inbox: SignalInbox,
+) -> int:
+    """:func:`run`, with poprun's signal handlers in place."""
     from poprun.config import config_file
     from poprun.config.options import option_name, parse_bool
     from poprun.plan.devices import check_pool, device_pool
@@ -188,6 +198,14 @@ _MPIRUN_SPELLINGS = {
 }
 
 
+def _refuse_mpirun_spelling(token: str) -> None:
+    word = token.partition("=")[0]
+    if word in _MPIRUN_SPELLINGS:
+        raise PoprunError(
+            word, None, "is mpirun's option, not poprun's", f"use {_MPIRUN_SPELLINGS[word]}"
+        )
+
+
 def normalise(args: list[str]) -> tuple[list[str], list[str]]:
     """Split ``args`` into (options in ``--name=value`` form, program and its arguments)."""
     import difflib
@@ -204,14 +222,7 @@ def normalise(args: list[str]) -> tuple[list[str], list[str]]:
             return options, args[i + 1 :]
         if not token.startswith("-") or token == "-":
             return options, args[i:]
-        mpirun_word = token.partition("=")[0]
-        if mpirun_word in _MPIRUN_SPELLINGS:
-            raise PoprunError(
-                mpirun_word,
-                None,
-                "is mpirun's option, not poprun's",
-                f"use {_MPIRUN_SPELLINGS[mpirun_word]}",
-            )
+        _refuse_mpirun_spelling(token)
         if token.startswith("--"):
             name, eq, value = token.partition("=")
         elif len(token) > 2 and token[1] != "v":

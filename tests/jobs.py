@@ -79,3 +79,64 @@ def run_mpi(
         extra["POPDIST_BACKEND"] = backend
     env = job_env(**extra)
     return run_job(mpirun_argv(np, sys.executable, *args), env=env, timeout=timeout)
+
+
+# --- poprun as a process: shared by the launch tier's test modules ---------------------------
+
+
+def run_poprun(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``poprun ARGS`` to its end (this environment plus ``env``); stdout and stderr apart,
+    decoded without newline translation (keeps ``\\r``)."""
+    raw = subprocess.run(
+        poprun_argv(*args),
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    return subprocess.CompletedProcess(
+        raw.args, raw.returncode, raw.stdout.decode(), raw.stderr.decode()
+    )
+
+
+def start_poprun(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``poprun ARGS`` started in its own session, stdout and stderr piped (text)."""
+    return subprocess.Popen(
+        poprun_argv(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
+def wait_for_line(stream: object, needle: str, count: int = 1) -> None:
+    """Read ``stream`` until ``needle`` has appeared in ``count`` lines."""
+    seen = 0
+    for line in stream:  # type: ignore[attr-defined]
+        if needle in line:
+            seen += 1
+            if seen == count:
+                return
+    raise AssertionError(f"{needle!r} never appeared")
+
+
+def assert_no_descendants(within: float = 5.0) -> None:
+    """No live descendant of this process is left (reaping any zombie child meanwhile)."""
+    import contextlib
+    import time
+
+    from tests.conftest import descendants
+
+    deadline = time.monotonic() + within
+    while descendants() and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)
+        time.sleep(0.05)
+    assert descendants() == []

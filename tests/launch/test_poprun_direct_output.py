@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from poprun.run.output.fifos import ENV, DirectOutput
-from tests.launch.test_poprun_launch import poprun
+from tests.jobs import run_poprun as poprun
 
 pytestmark = pytest.mark.launch
 

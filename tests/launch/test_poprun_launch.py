@@ -2,73 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, descendants
+from tests.conftest import ROOT
+from tests.jobs import assert_no_descendants, wait_for_line
+from tests.jobs import run_poprun as poprun
+from tests.jobs import start_poprun as start
 
 pytestmark = pytest.mark.launch
 
 BIN = ROOT / "tests" / "bin"
 PY = sys.executable
-POPRUN = [PY, "-m", "poprun"]
-
-
-def poprun(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run poprun to the end; output decoded without newline translation (keeps ``\r``)."""
-    raw = subprocess.run(
-        [*POPRUN, *args],
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-        timeout=timeout,
-        cwd=ROOT,
-    )
-    return subprocess.CompletedProcess(
-        raw.args, raw.returncode, raw.stdout.decode(), raw.stderr.decode()
-    )
-
-
-def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*POPRUN, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, **(env or {})},
-        cwd=ROOT,
-        start_new_session=True,
-    )
-
-
-def wait_for_line(stream: object, needle: str, count: int = 1) -> None:
-    seen = 0
-    for line in stream:  # type: ignore[attr-defined]
-        if needle in line:
-            seen += 1
-            if seen == count:
-                return
-    raise AssertionError(f"{needle!r} never appeared")
-
-
-def assert_no_descendants(within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while descendants() and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(-1, os.WNOHANG)
-        time.sleep(0.05)
-    assert descendants() == []
 
 
 def test_popdist_view_of_eight_replicas_on_four_instances(tmp_path: Path) -> None:

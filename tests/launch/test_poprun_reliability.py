@@ -12,13 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.launch.test_poprun_launch import (
-    POPRUN,
-    assert_no_descendants,
-    poprun,
-    start,
-    wait_for_line,
-)
+from tests.jobs import assert_no_descendants, poprun_argv, wait_for_line
+from tests.jobs import run_poprun as poprun
+from tests.jobs import start_poprun as start
 
 pytestmark = pytest.mark.launch
 
@@ -71,7 +67,7 @@ def test_a_closed_reader_ends_output_quietly_and_the_job_runs_on(tmp_path: Path)
     marker = tmp_path / "finished"
     script = f"for i in $(seq 2000); do echo line $i; done; sleep 0.5; touch {marker}.$POPDIST_INSTANCE_INDEX"
     proc = subprocess.Popen(
-        [*POPRUN, *TWO, "sh", "-c", script],
+        [*poprun_argv(), *TWO, "sh", "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -97,7 +93,9 @@ def test_a_closed_reader_ends_output_quietly_and_the_job_runs_on(tmp_path: Path)
 @pytest.mark.parametrize("closed", ["stdout", "stderr", "both"])
 def test_a_closed_standard_stream_at_start_is_not_an_error(closed: str, tmp_path: Path) -> None:
     redirect = {"stdout": ">&-", "stderr": "2>&-", "both": ">&- 2>&-"}[closed]
-    cmd = " ".join([*POPRUN, *TWO, "--output-dir", str(tmp_path / "out"), "sh", "-c", "'echo hi'"])
+    cmd = " ".join(
+        [*poprun_argv(), *TWO, "--output-dir", str(tmp_path / "out"), "sh", "-c", "'echo hi'"]
+    )
     shell = subprocess.run(
         ["sh", "-c", f"{cmd} {redirect}; echo rc=$?"],
         capture_output=True,
@@ -180,4 +178,61 @@ def test_an_instance_exiting_2_is_told_apart_from_a_usage_error() -> None:
     assert result.returncode == 2
     assert "poprun: instance 1 failed first: exit code 2" in result.stderr, result.stderr
     assert "poprun: error:" not in result.stderr
+    assert_no_descendants()
+
+
+def _handlers_installed(pid: int) -> bool:
+    """Whether ``pid`` catches SIGTERM: poprun's handlers are in (Python's own catch only SIGINT)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(
+        next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt")), 16
+    )
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.parametrize("run", range(5))
+def test_two_ctrl_c_20_ms_apart_right_after_start_exit_130(run: int) -> None:
+    """Two SIGINTs 20 ms apart, from the moment poprun's handlers are in (its first act), in
+    whatever it is doing then (imports, planning, launching): exit code 130, never death by
+    SIGINT. Before that moment the interpreter itself is starting, and no program in Python
+    can answer a signal (measured: a SIGINT in the first ~20 ms kills any Python process)."""
+    proc = start(*TWO, sys.executable, "-c", "import time; time.sleep(60)")
+    deadline = time.monotonic() + 30
+    while not _handlers_installed(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, "poprun never started"
+        time.sleep(0.0005)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = _finish(proc, timeout=30)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    assert_no_descendants()
+
+
+def test_main_in_process_puts_the_callers_signal_handlers_back() -> None:
+    """``poprun.cli.main`` as a library: a real job, then this process's handlers as before."""
+    code = (
+        "import signal, sys\n"
+        "from poprun.cli import main\n"
+        "mine = lambda signum, frame: None\n"
+        "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP):\n"
+        "    signal.signal(sig, mine)\n"
+        "wake = signal.set_wakeup_fd(-1)\n"
+        "before = {sig: signal.getsignal(sig) for sig in signal.valid_signals()}\n"
+        "rc = main(['--num-replicas', '2', '--num-instances', '2', 'true'])\n"
+        "rc2 = main(['--num-replicas', '3', '--num-instances', '2', 'true'])\n"
+        "after = {sig: signal.getsignal(sig) for sig in signal.valid_signals()}\n"
+        "changed = [s for s in before if before[s] is not after[s]]\n"
+        "assert (rc, rc2) == (0, 2) and not changed, (rc, rc2, changed)\n"
+        "assert signal.set_wakeup_fd(-1) == -1\n"
+        "print('same')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.endswith("same\n"), done.stderr
     assert_no_descendants()

@@ -4,8 +4,6 @@ the next poprun of the same user, which removes those whose poprun is gone."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -16,13 +14,17 @@ from poprun.run import leftovers
 pytestmark = pytest.mark.unit
 
 
+def _a_pid_nobody_has() -> int:
+    """A pid no process has now (read from /proc; no process is started for it)."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return next(pid for pid in range(pid_max - 1, 300, -1) if not Path(f"/proc/{pid}").exists())
+
+
 def test_a_dead_popruns_directory_is_removed_and_a_live_ones_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    dead_pid = int(gone.stdout)
+    dead_pid = _a_pid_nobody_has()
     dead = tmp_path / f"poprun-output-{dead_pid}-abc"
     live = tmp_path / f"poprun-output-{os.getppid()}-def"  # pytest's parent runs
     other = tmp_path / "poprun-output-notapid"
