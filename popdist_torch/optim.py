@@ -2,7 +2,8 @@
 
 Each class is a subclass of its torch namesake, so schedulers, ``state_dict`` and user code
 treat it as one. PopTorch's extra arguments are kept where they mean something on a
-float32 host, and refused with a clear error where they cannot be honoured:
+float32 host, and refused with a clear error where they cannot be honoured (each is a row of
+the surface table, :mod:`popdist_torch.surface.names`, owner ``optim``; a refusal is its row):
 
 - ``loss_scaling``, ``velocity_scaling``: PopTorch multiplies the loss (the velocity) by
   this factor and divides it out again, so that float16 values neither underflow nor
@@ -30,20 +31,29 @@ from typing import Any, overload
 import torch
 
 from popdist_torch.errors import OptimizerError
+from popdist_torch.surface.names import rows_of
+from popdist_torch.surface.rows import REFUSED
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSprop"]
 
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
 
+#: PopTorch's optimizer arguments, as the surface table has them (owner ``optim``).
+_ARGUMENTS = {row.name: row for row in rows_of("optim")}
+
+
+def _refuse_argument(name: str, value: Any) -> None:
+    """Raise if the surface table refuses ``name=value``, with its row's reason."""
+    row = _ARGUMENTS[name]
+    if row.status == REFUSED and (row.when is None or row.when(value)):
+        raise OptimizerError(f"{name}={value!r} is not supported: {row.note}")
+
+
 def _check_accum_type(name: str, value: Any) -> None:
+    _refuse_argument(name, value)
     if value is None or value == torch.float32:
         return
-    if value == torch.float16:
-        raise OptimizerError(
-            f"{name}=torch.float16 is not supported: popdist_torch keeps optimizer state "
-            "and gradient accumulators in float32; use torch.float32 or leave it unset"
-        )
     raise OptimizerError(f"{name}={value!r} is invalid: use torch.float32 (or leave it unset)")
 
 
@@ -285,11 +295,7 @@ class RMSprop(_PopTorchExtras, torch.optim.RMSprop):
         _check_accum_type("accum_type", accum_type)
         _check_accum_type("first_order_momentum_accum_type", first_order_momentum_accum_type)
         _check_accum_type("second_order_momentum_accum_type", second_order_momentum_accum_type)
-        if use_tf_variant:
-            raise OptimizerError(
-                "RMSprop(use_tf_variant=True) is not supported here: only PyTorch's variant "
-                "is implemented; leave use_tf_variant unset or False"
-            )
+        _refuse_argument("use_tf_variant", use_tf_variant)
         scaling = _check_scaling("loss_scaling", loss_scaling)
         self.max_grad_norm = _check_max_grad_norm(max_grad_norm)
         super().__init__(params, lr, alpha, eps, weight_decay, momentum, centered, **kwargs)

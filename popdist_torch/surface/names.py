@@ -3,11 +3,13 @@
 PopTorch 3's public API as its sources and reference documentation define it
 (``poptorch/__init__.py``, ``ops.py``, ``options.py``, ``enums.py``), plus the names
 PopTorch 2.x deprecated that older scripts still use (``AnchorMode``, ``Options.anchorMode``)
-and ``Precision.autocastEnabled``. One row per name (:class:`~popdist_torch.surface.rows.Row`):
+and ``Precision.autocastEnabled``, and the PopTorch arguments of ``poptorch.optim``'s
+optimizers (owner ``optim``). One row per name (:class:`~popdist_torch.surface.rows.Row`):
 
 - the no-op setters of ``Options``, its groups and ``TensorLocationSettings`` are generated
   from their rows (``record`` says what value they keep for ``toDict()``);
-- every refused name, wherever it lives, raises the row's note;
+- every refused name, wherever it lives, raises the row's note (an optimizer argument:
+  :class:`OptimizerError`, for the values its row's ``when`` names);
 - ``docs/poptorch-names.md`` is rendered from this table
   (``python -m popdist_torch.surface.page``), and a unit test checks the committed page and
   that every row resolves on ``popdist_torch``, ``Options``, its groups and the executor.
@@ -220,11 +222,32 @@ EXECUTOR: tuple[Row, ...] = (
     refused(E, "getIpuHostLatency", _NO_IPU),
 )
 
+M = "optim"
+_FLOAT32 = "popdist_torch keeps optimizer state and gradient accumulators in float32; use torch.float32 or leave it unset"
+OPTIMIZER_ARGUMENTS: tuple[Row, ...] = (
+    supported(M, "loss_scaling", "validated and kept in each param group; in float32 the scaling and unscaling cancel, so the update is PopTorch's"),
+    supported(M, "velocity_scaling", "(SGD) as `loss_scaling`"),
+    supported(M, "max_grad_norm", "gradients clipped to this global L2 norm before each step"),
+    supported(M, "use_combined_accum", "(SGD) both of PopTorch's SGD variants compute the same update"),
+    supported(M, "bias_correction", "(AdamW) `False` runs Adam's update without the bias-correction terms"),
+    refused(M, "accum_type", _FLOAT32, when=lambda value: str(value) == "torch.float16", when_text="for `torch.float16`"),
+    refused(M, "velocity_accum_type", _FLOAT32, when=lambda value: str(value) == "torch.float16", when_text="for `torch.float16`"),
+    refused(M, "first_order_momentum_accum_type", _FLOAT32, when=lambda value: str(value) == "torch.float16", when_text="for `torch.float16`"),
+    refused(M, "second_order_momentum_accum_type", _FLOAT32, when=lambda value: str(value) == "torch.float16", when_text="for `torch.float16`"),
+    refused(M, "use_tf_variant", "(RMSprop) only PyTorch's variant is implemented; leave use_tf_variant unset or False", when=lambda value: bool(value), when_text="for `True`"),
+)
 # fmt: on
 
 #: Every PopTorch name, top-level names first, then ``Options`` and its groups,
-#: ``TensorLocationSettings`` and the executor's methods.
-NAMES: tuple[Row, ...] = (*TOP_LEVEL, *OPTIONS, *GROUPS, *LOCATION_SETTINGS, *EXECUTOR)
+#: ``TensorLocationSettings``, the executor's methods and the optimizers' arguments.
+NAMES: tuple[Row, ...] = (
+    *TOP_LEVEL,
+    *OPTIONS,
+    *GROUPS,
+    *LOCATION_SETTINGS,
+    *EXECUTOR,
+    *OPTIMIZER_ARGUMENTS,
+)
 
 #: The owners whose attributes hang off ``Options()``: ``Options`` and its groups.
 OPTION_OWNERS: tuple[str, ...] = (OPT, T, D, L, "Options.Jit", PR, "Options._Popart")

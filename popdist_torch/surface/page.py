@@ -83,6 +83,11 @@ SECTIONS: tuple[tuple[str, str, tuple[Row, ...]], ...] = (
         "Other attributes are the wrapped module's (`model.train()`, `state_dict()`...).",
         tuple(r for r in NAMES if r.owner == "PoplarExecutor"),
     ),
+    (
+        "Optimizer arguments (`poptorch.optim`: `SGD`, `Adam`, `AdamW`, `RMSprop`)",
+        "PopTorch's extra arguments of its optimizers; torch's own are torch's. A refused value raises `OptimizerError` (a `ValueError`).",
+        tuple(r for r in NAMES if r.owner == "optim"),
+    ),
 )  # fmt: skip
 
 

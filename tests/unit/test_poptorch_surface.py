@@ -6,6 +6,7 @@ import copy
 import logging
 import re
 import warnings
+from inspect import signature
 from typing import Any
 
 import pytest
@@ -263,8 +264,31 @@ def test_every_row_resolves() -> None:
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        missing = [row.qualified for row in NAMES if not hasattr(owners[row.owner], row.name)]
+        missing = [
+            row.qualified
+            for row in NAMES
+            if row.owner != "optim" and not hasattr(owners[row.owner], row.name)
+        ]
     assert missing == []
+    optimizers = (poptorch.optim.SGD, poptorch.optim.Adam, poptorch.optim.AdamW)
+    arguments = {
+        name for cls in (*optimizers, poptorch.optim.RMSprop) for name in signature(cls).parameters
+    }
+    assert sorted({row.name for row in rows_of("optim")} - arguments) == []
+
+
+def test_refused_optimizer_arguments_raise_their_rows_reason() -> None:
+    params = nn.Linear(2, 2).parameters
+    for row in rows_of("optim"):
+        if row.status != REFUSED:
+            continue
+        cls = poptorch.optim.RMSprop if row.name == "use_tf_variant" else poptorch.optim.SGD
+        if row.name.endswith("momentum_accum_type"):
+            cls = poptorch.optim.Adam
+        value = True if row.name == "use_tf_variant" else torch.float16
+        with pytest.raises(ValueError) as caught:
+            cls(params(), lr=0.1, **{row.name: value})
+        assert str(caught.value) == f"{row.name}={value!r} is not supported: {row.note}"
 
 
 def test_anchor_mode_is_a_deprecated_alias_of_output_mode() -> None:
