@@ -37,6 +37,8 @@ __all__ = ["Options"]
 class Options(OptionGroup):
     """PopTorch's options: batching, replication, outputs, distribution, caching."""
 
+    _owner = "Options"
+
     def __init__(self) -> None:
         super().__init__()
         self._device_iterations = 1

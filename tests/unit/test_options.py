@@ -240,3 +240,23 @@ def test_distributed_default_reads_poprun_through_popdist(monkeypatch: pytest.Mo
     monkeypatch.delenv(env.NUM_LOCAL_REPLICAS)
     with pytest.raises(popdist.PopdistError, match="POPDIST_NUM_LOCAL_REPLICAS is not set"):
         poptorch.Options()
+
+
+def test_setters_come_from_the_surface_table() -> None:
+    """A group gets its rows' no-op and refused setters; one also written by hand is an error."""
+    from popdist_torch.options.group import OptionGroup, install_setters
+
+    @install_setters
+    class Jit(OptionGroup):
+        _owner = "Options.Jit"
+
+    assert Jit().traceModel(True).toDict() == {"traceModel": True}
+
+    class Contradiction(OptionGroup):
+        _owner = "Options.Jit"
+
+        def traceModel(self, trace_model: bool) -> Contradiction:
+            return self
+
+    with pytest.raises(TypeError, match="traceModel is written by hand"):
+        install_setters(Contradiction)
