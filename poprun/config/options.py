@@ -127,25 +127,14 @@ def parse_choice(choices: tuple[str, ...]) -> Parser:
     return parse
 
 
-#: The longest time-out the event loop can wait for (a 32-bit count of milliseconds).
-MAX_SECONDS = 2_147_483
-
-
 def parse_seconds(option: str, value: object) -> float:
-    """A positive, finite number of seconds."""
+    """A positive, finite number of seconds (any length: the supervisor waits in steps)."""
     try:
         seconds = float(str(value).strip()) if not isinstance(value, bool) else float("nan")
     except ValueError:
         seconds = float("nan")
     if seconds != seconds or seconds in (float("inf"), float("-inf")):
         raise PoprunError(option, value, "is not a number of seconds", "give e.g. --timeout 600")
-    if seconds > MAX_SECONDS:
-        raise PoprunError(
-            option,
-            value,
-            f"is more than {MAX_SECONDS} seconds (24.8 days), the longest wait poprun can set",
-            f"give at most {MAX_SECONDS}, or leave {option} out for no limit",
-        )
     if seconds <= 0:
         raise PoprunError(
             option,

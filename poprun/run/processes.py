@@ -1,8 +1,8 @@
 """The job's processes on this host: its instances by pid and process group, and what they
 leave behind.
 
-:class:`~poprun.run.supervisor.Supervisor` decides *when* to signal, stop or kill; this module
-knows *whom*: the local instances (by pid, from mpirun's pid lines), their process groups,
+:mod:`poprun.run.ending` decides *when* to signal or kill (and the supervisor,
+:class:`~poprun.run.supervisor.Supervisor`, carries it out); this module knows *whom*: the local instances (by pid, from mpirun's pid lines), their process groups,
 mpirun's other children, the Open MPI shared-memory files of instances poprun kills, and the
 orphans that re-parent to poprun (a child subreaper). Everything is addressed by id, never by
 name.

@@ -33,7 +33,7 @@ class InstanceResult:
 
 @dataclass(frozen=True)
 class RunResult:
-    """Everything the supervisor observed in one run, for :func:`decide`."""
+    """Everything known at the end of a run (the policy's events, the supervisor's evidence)."""
 
     instances: tuple[InstanceResult, ...]
     #: mpirun's exit status (``Popen.returncode``: negative for a signal); None: never started.

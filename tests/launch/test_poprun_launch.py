@@ -287,3 +287,10 @@ def test_poprun_never_imports_torch_or_horovod() -> None:
         "assert rc == 0 and not heavy, heavy"
     )
     subprocess.run([PY, "-c", code], check=True, capture_output=True, cwd=ROOT)
+
+
+def test_a_time_out_of_a_year_runs_the_job() -> None:
+    """Past epoll's 24.8 days the supervisor waits in steps; the job runs as usual."""
+    result = poprun("--num-replicas", "2", "--num-instances", "2", "--timeout", "31536000", "true")
+    assert result.returncode == 0, result.stderr
+    assert_no_descendants()

@@ -232,8 +232,6 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("YAML alias to itself", ["--import-config", "self.yaml", "true"], ["refers to itself"]),
     ("YAML key of the command line only", ["--import-config", "dryrun.yaml", "true"],
      ["'dry-run' is a poprun option of the command line only", "--dry-run"]),
-    ("timeout too long for the event loop", ["--timeout", "2147484", "true"],
-     ["--timeout=2147484", "more than 2147483 seconds"]),
     ("output dir under a file", ["--output-dir", "a-file/logs", "true"],
      ["is a file, so the directory cannot be created"]),
     ("output dir in /proc", ["--output-dir", "/proc/self/logs", "true"], ["kernel file system"]),

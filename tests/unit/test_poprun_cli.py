@@ -225,3 +225,11 @@ def test_backend_from_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "--backend=mpi: is not one of the choices; fix: use horovod or torch" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("seconds", ["2147484", "8640000", "1e9"])
+def test_a_time_out_longer_than_the_timers_limit_is_accepted(
+    seconds: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """24.8 days is epoll's longest single wait, not the user's limit: poprun waits in steps."""
+    assert main(["--timeout", seconds, "--dry-run=yes", "true"]) == 0, capsys.readouterr().err

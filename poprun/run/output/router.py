@@ -4,7 +4,7 @@ The supervisor feeds it the demultiplexed output of mpirun's pipes; it owns each
 :class:`~poprun.run.output.instance_stream.InstanceStream` (console, ``--output-dir`` file, stderr tail), learns
 each instance's pid from its first stderr line, collects the structured error records
 instances write, and recognises mpirun's own failure notes. At the end it gives the
-supervisor's result record its per-instance part (:meth:`JobOutput.results`).
+ending policy's evidence its per-instance part (:meth:`JobOutput.results`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from poprun.run.verdict import InstanceResult
 
 
 class JobOutput:
-    """Route one job's output; remember what the outcome needs."""
+    """Route one job's output; remember what the verdict needs."""
 
     def __init__(
         self,
