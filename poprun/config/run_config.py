@@ -27,7 +27,7 @@ from poprun.config.options import (
 )
 from poprun.config.paths import check_output_dir
 from poprun.errors import PoprunError
-from poprun.plan.hosts import is_local, parse_host_file, parse_host_list
+from poprun.plan.hosts import host_source, is_local
 
 __all__ = ["RunConfig", "build", "parse_bool"]
 
@@ -129,19 +129,10 @@ def _counts(values: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def _hosts(values: Mapping[str, Any], num_instances: int) -> tuple[str, ...]:
-    """``-H`` or ``--host-file`` (not both), expanded; they must divide the instances."""
-    if "host" in values and "host_file" in values:
-        raise PoprunError(
-            "--host-file",
-            values["host_file"],
-            "conflicts with -H/--host",
-            "give the hosts one way only",
-        )
-    hosts: tuple[str, ...] = ()
-    if "host" in values:
-        hosts = parse_host_list(values["host"])
-    elif "host_file" in values:
-        hosts = parse_host_file(values["host_file"])
+    """The hosts of the run's host source (``-H`` or ``--host-file``); they must divide the
+    instances."""
+    source = host_source(values)
+    hosts = source.hosts() if source is not None else ()
     if hosts and num_instances % len(hosts):
         raise PoprunError(
             "--num-instances",

@@ -1,4 +1,11 @@
-"""Host lists: ``-H a,b``, ranges ``node[0-2,4]`` and host files (one a line, ``#`` comments)."""
+"""Where a run's hosts come from, and which of them is this machine.
+
+A :class:`HostSource` gives the run its host names: :class:`HostList` (``-H a,b``, ranges
+``node[0-2,4]``) and :class:`HostFile` (``--host-file``, one host or range a line, ``#``
+comments) today; a scheduler's allocation (a Slurm job's node list, say) is one more
+implementation, chosen in :func:`host_source`. A source's errors are usage errors
+(:class:`~poprun.errors.PoprunError`): the configuration reads it before anything launches.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,9 @@ import functools
 import ipaddress
 import re
 import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from poprun.config.user_files import read_user_file
 from poprun.errors import PoprunError
@@ -132,6 +142,55 @@ def _refuse_duplicates(hosts: list[str], option: str, value: str | None = None) 
                 "list each host once; poprun divides the instances evenly over the hosts",
             )
         seen.add(host)
+
+
+class HostSource(Protocol):
+    """Where the hosts come from; ``option`` names it in error messages."""
+
+    @property
+    def option(self) -> str: ...
+
+    def hosts(self) -> tuple[str, ...]:
+        """The host names, expanded and checked (no duplicates)."""
+        ...
+
+
+@dataclass(frozen=True)
+class HostList:
+    """``-H``/``--host`` values, each a comma-separated list of names and ranges."""
+
+    values: tuple[str, ...]
+    option: str = "--host"
+
+    def hosts(self) -> tuple[str, ...]:
+        return parse_host_list(self.values, self.option)
+
+
+@dataclass(frozen=True)
+class HostFile:
+    """``--host-file``: one host (or range) a line."""
+
+    path: str
+    option: str = "--host-file"
+
+    def hosts(self) -> tuple[str, ...]:
+        return parse_host_file(self.path)
+
+
+def host_source(values: Mapping[str, Any]) -> HostSource | None:
+    """The source the options name (``-H`` or ``--host-file``, not both); None: this host."""
+    if "host" in values and "host_file" in values:
+        raise PoprunError(
+            "--host-file",
+            values["host_file"],
+            "conflicts with -H/--host",
+            "give the hosts one way only",
+        )
+    if "host" in values:
+        return HostList(tuple(values["host"]))
+    if "host_file" in values:
+        return HostFile(values["host_file"])
+    return None
 
 
 def is_local(host: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +24,33 @@ def test_own_name_is_local_and_others_are_not() -> None:
     outside = ipaddress.ip_address("203.0.113.7")  # TEST-NET-3: never a local address
     assert outside not in local_addresses()
     assert not is_local(str(outside))
+
+
+def test_the_host_source_is_the_list_or_the_file_never_both(tmp_path: Path) -> None:
+    from poprun.errors import PoprunError
+    from poprun.plan.hosts import HostFile, HostList, host_source
+
+    listed = host_source({"host": ["n[0-1]", "gpu7"]})
+    assert listed == HostList(("n[0-1]", "gpu7"))
+    assert listed.hosts() == ("n0", "n1", "gpu7")
+    path = tmp_path / "hosts"
+    path.write_text("# rack 1\nnode[2-3]\n")
+    from_file = host_source({"host_file": str(path)})
+    assert from_file == HostFile(str(path)) and from_file.hosts() == ("node2", "node3")
+    assert host_source({}) is None
+    with pytest.raises(PoprunError, match="conflicts with -H/--host"):
+        host_source({"host": ["a"], "host_file": str(path)})
+
+
+def test_an_allocation_is_one_more_host_source() -> None:
+    """The seam a scheduler's allocation (Slurm, issue 26) plugs into."""
+    from poprun.plan.hosts import HostSource
+
+    class Allocation:
+        option = "SLURM_JOB_NODELIST"
+
+        def hosts(self) -> tuple[str, ...]:
+            return ("c1", "c2")
+
+    source: HostSource = Allocation()
+    assert source.hosts() == ("c1", "c2")
