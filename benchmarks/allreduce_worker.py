@@ -77,7 +77,7 @@ def main() -> None:
     elif args.backend in ("horovod", "torch"):
         import torch
 
-        from popdist_torch.reducer import GradientReducer, connect
+        from popdist_torch.execution.reducer import GradientReducer, connect
 
         backend = connect(size, rank)  # what trainingModel does: popdist.init()
         if backend.name != args.backend:

@@ -36,7 +36,7 @@ from popdist_torch.errors import (
     OptimizerError,
     PopdistTorchError,
 )
-from popdist_torch.executor import (
+from popdist_torch.execution.executor import (
     ExecutorError,
     PoplarExecutor,
     identity_loss,

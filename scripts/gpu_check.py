@@ -71,7 +71,7 @@ def worker(kind: str, args: argparse.Namespace) -> None:
     result: dict[str, Any] = {"kind": kind}
     if kind == "nccl":
         import popdist
-        from popdist_torch.reducer import GradientReducer
+        from popdist_torch.execution.reducer import GradientReducer
 
         popdist.init()
         backend = popdist.collectives.for_run()

@@ -14,7 +14,7 @@ from popdist import collectives
 from popdist.collectives import CollectiveError
 from popdist.collectives.base import Collectives
 from popdist.env import PopdistError
-from popdist_torch.reducer import GradientReducer, broadcast_state
+from popdist_torch.execution.reducer import GradientReducer, broadcast_state
 from tests.jobs import ROOT
 
 

@@ -17,7 +17,7 @@ from popdist import collectives, env
 from popdist.collectives import LOCAL, REGISTRY, CollectiveError, lifecycle, mpilane
 from popdist.collectives.local import LocalCollectives
 from popdist.collectives.registry import BackendSpec, Capabilities
-from popdist_torch.reducer import broadcast_state, connect
+from popdist_torch.execution.reducer import broadcast_state, connect
 from tests.jobs import ROOT
 
 pytestmark = pytest.mark.unit

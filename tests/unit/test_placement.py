@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 import popdist_torch as pt
-from popdist_torch import executor as executor_module
-from popdist_torch import placement
-from popdist_torch.batch import Batch
-from popdist_torch.placement import choose_device, to_host
+from popdist_torch.execution import executor as executor_module
+from popdist_torch.execution import placement
+from popdist_torch.execution.batch import Batch
+from popdist_torch.execution.placement import choose_device, to_host
 
 pytestmark = pytest.mark.unit
 

@@ -2,11 +2,11 @@
 
 One call takes a batch whose leading dimension is ``deviceIterations × gradientAccumulation
 × localReplicas × micro-batch`` (PopART's host layout ``[device_iterations, accumulation,
-replica, micro_batch, ...]``, :class:`~popdist_torch.batch.Batch`).  For each device
-iteration the executor's *replica runner* (:mod:`popdist_torch.runners`, chosen once when
+replica, micro_batch, ...]``, :class:`~popdist_torch.execution.batch.Batch`).  For each device
+iteration the executor's *replica runner* (:mod:`popdist_torch.execution.runners`, chosen once when
 the model is wrapped) runs, for each accumulation step, every local replica's forward and
 backward on its micro-batch; gradients accumulate in the parameters' ``.grad``; the
-cross-instance allreduce (:mod:`popdist_torch.reducer`, fused, overlapped with the last
+cross-instance allreduce (:mod:`popdist_torch.execution.reducer`, fused, overlapped with the last
 backward) happens once per weight update; then the optimizer steps.  The user's module is
 the model: it holds the current weights after every call, and a training and an inference
 model of the same module share them.
@@ -23,15 +23,21 @@ import torch
 from torch import nn
 
 from popdist.env import read_compute_threads
-from popdist_torch.batch import Batch
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
-from popdist_torch.executor_surface import PopTorchSurface
+from popdist_torch.execution.batch import Batch
+from popdist_torch.execution.device import DeviceSide
+from popdist_torch.execution.outputs import OutputCollector
+from popdist_torch.execution.placement import (
+    CPU,
+    instance_device,
+    move_optimizer_state,
+    place,
+    to_host,
+)
+from popdist_torch.execution.reducer import GradientReducer, broadcast_state, connect
+from popdist_torch.execution.runners import ReplicaRunner, make_runner, uses_stages
 from popdist_torch.options import Options
-from popdist_torch.outputs import OutputCollector
-from popdist_torch.placement import CPU, instance_device, move_optimizer_state, place, to_host
-from popdist_torch.reducer import GradientReducer, broadcast_state, connect
-from popdist_torch.runners import ReplicaRunner, make_runner, uses_stages
 
 __all__ = [
     "ExecutorError",
@@ -94,7 +100,7 @@ def _connect(
     return GradientReducer(collectives, model.named_parameters(), average=average)
 
 
-class PoplarExecutor(PopTorchSurface):
+class PoplarExecutor(DeviceSide):
     """A wrapped model (PopTorch's name): call it with a whole batch per call."""
 
     def __init__(

@@ -32,15 +32,15 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from popdist_torch.batch import Batch, check_scalar, detach, loss_of, stack
 from popdist_torch.errors import ExecutorError
+from popdist_torch.execution.batch import Batch, check_scalar, detach, loss_of, stack
+from popdist_torch.execution.outputs import OutputCollector
+from popdist_torch.execution.reducer import GradientReducer
 from popdist_torch.options import Options
-from popdist_torch.outputs import OutputCollector
-from popdist_torch.reducer import GradientReducer
 
 __all__ = ["LocalReplicaRunner", "ReplicaRunner", "StageReplicaRunner", "make_runner"]
 
-log = logging.getLogger("popdist_torch.executor")
+log = logging.getLogger("popdist_torch.execution.executor")
 
 
 class ReplicaRunner(abc.ABC):

@@ -1,11 +1,13 @@
-"""PopTorch's ``PoplarExecutor`` methods that have little or nothing to do on torch.
+"""The device side of a ``PoplarExecutor``: attachment, weight copies, random state.
 
-A mixin of :class:`popdist_torch.executor.PoplarExecutor`: device attachment (recorded,
-nothing is held), weight copies (the user's module always holds the weights), the random
-generator state, and PopTorch's executable/profiling methods, refused with
-:class:`~popdist_torch.errors.UnsupportedOptionError` naming what to use instead (made from
-their rows in the surface table, :mod:`popdist_torch.surface.names`). Kept apart so the
-executor class holds only what runs a model.
+PopTorch's executor owns an IPU: it attaches to and detaches from it, copies weights and
+buffers between host and device, and keeps the device's random generator. Here the model
+runs where its tensors already are, so this side is bookkeeping: attachment is a recorded
+state that the next call re-takes, the copies have nothing to move (the user's module holds
+the weights after every call), and the random state is torch's. PopTorch's executable and
+profiling methods are refused with their rows' reasons from the surface table
+(:mod:`popdist_torch.surface.names`). :class:`~popdist_torch.execution.executor.PoplarExecutor`
+keeps what runs a model; this class keeps what PopTorch scripts ask of the device.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from popdist_torch.errors import ExecutorStateError
 from popdist_torch.surface.names import rows_of
 from popdist_torch.surface.rows import install_refusals
 
-__all__ = ["PopTorchSurface"]
+__all__ = ["DeviceSide"]
 
 
-class PopTorchSurface:
-    """Attachment, weight copies, RNG state and PopTorch's refused executable methods."""
+class DeviceSide:
+    """Attachment, host/device copies and the random state of one wrapped model."""
 
     _attached: bool
 
@@ -78,4 +80,4 @@ class PopTorchSurface:
 
 #: PopTorch's executable, profiling and anchored-tensor methods, refused with their rows'
 #: notes (``compileAndExport``, ``save``, ``getLatency``...).
-install_refusals(PopTorchSurface, rows_of("PoplarExecutor"))
+install_refusals(DeviceSide, rows_of("PoplarExecutor"))
