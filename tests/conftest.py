@@ -8,7 +8,7 @@ still seen as a descendant when the test ends.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import importlib.util
 import os
 import signal
 import time
@@ -17,65 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost.hosts import reap_children
+from tests.support.processes import become_subreaper, cmdline, descendants, reap_children
 
 ROOT = Path(__file__).resolve().parent.parent
 GUARDED_PREFIXES = ("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_")
-PR_SET_CHILD_SUBREAPER = 36
 SURVIVOR_GRACE_S = 5.0
 
 
-def _become_subreaper() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` from /proc (all threads' children files)."""
-    out: list[int] = []
-    task_dir = Path(f"/proc/{pid}/task")
-    try:
-        tasks = list(task_dir.iterdir())
-    except OSError:
-        return out
-    for task in tasks:
-        try:
-            out.extend(int(c) for c in (task / "children").read_text().split())
-        except OSError:
-            continue
-    return out
-
-
-def descendants(pid: int | None = None) -> list[int]:
-    """Every live (non-zombie) descendant of ``pid`` (default: this process)."""
-    root = os.getpid() if pid is None else pid
-    seen: list[int] = []
-    stack = _children(root)
-    while stack:
-        child = stack.pop()
-        if child in seen:
-            continue
-        try:
-            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            seen.append(child)
-        stack.extend(_children(child))
-    return seen
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except OSError:
-        return "?"
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    _become_subreaper()
+    become_subreaper()
 
 
 TIERS = ("unit", "launch", "parallel", "lightning", "multihost")
@@ -128,9 +78,27 @@ def _no_surviving_children(request: pytest.FixtureRequest) -> Iterator[None]:
             break
         time.sleep(0.05)
     if survivors:
-        described = [f"{p}: {_cmdline(p)}" for p in survivors]
+        described = [f"{p}: {cmdline(p)}" for p in survivors]
         for pid in survivors:  # by pid only: never a broad name
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         reap_children()
         pytest.fail(f"test left child processes running: {described}")
+
+
+#: The collective backends: a test that takes the ``backend`` fixture runs on each, with the
+#: same assertions (the parallel tier, the launch tier's checkpoint test, Lightning's).
+BACKENDS = ("horovod", "torch")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """``horovod`` or ``torch``: pass it to ``poprun --backend`` or ``run_mpi(backend=)``.
+
+    Horovod's runs are skipped where Horovod is not built (``make setup``); torch's use gloo
+    here and NCCL on a GPU machine.
+    """
+    name: str = request.param
+    if name == "horovod" and importlib.util.find_spec("horovod") is None:
+        pytest.skip("Horovod is built by `make setup`")
+    return name

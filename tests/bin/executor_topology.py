@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import popdist_torch as poptorch
-from tests.parallel.topology_case import CALLS, DI, GA, MODELS, OPTIMIZERS, global_data, make_model
+from tests.support.topology import CALLS, DI, GA, MODELS, OPTIMIZERS, global_data, make_model
 
 
 def main() -> None:

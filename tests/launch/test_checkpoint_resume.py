@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.jobs import ROOT, poprun_argv, run_job
+from tests.support.jobs import ROOT, poprun_argv, run_job
 
 pytestmark = [pytest.mark.launch, pytest.mark.slow]
 

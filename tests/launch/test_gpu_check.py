@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from tests.jobs import ROOT, run_job
+from tests.support.jobs import ROOT, run_job
 
 pytestmark = [pytest.mark.launch, pytest.mark.slow]
 

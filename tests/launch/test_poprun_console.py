@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.jobs import ROOT
 
 pytestmark = pytest.mark.launch
 

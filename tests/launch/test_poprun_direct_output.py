@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from poprun.run.output.fifos import ENV, DirectOutput
-from tests.jobs import run_poprun as poprun
+from tests.support.jobs import run_poprun as poprun
 
 pytestmark = pytest.mark.launch
 

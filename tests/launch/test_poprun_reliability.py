@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.jobs import assert_no_descendants, poprun_argv, wait_for_line
-from tests.jobs import run_poprun as poprun
-from tests.jobs import start_poprun as start
+from tests.support.jobs import ROOT, assert_no_descendants, poprun_argv, wait_for_line
+from tests.support.jobs import run_poprun as poprun
+from tests.support.jobs import start_poprun as start
 
 pytestmark = pytest.mark.launch
 

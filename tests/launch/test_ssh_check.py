@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from poprun.run import ssh_check as reach
-from tests.jobs import job_env, poprun_argv, run_job
+from tests.support.jobs import job_env, poprun_argv, run_job
 
 pytestmark = pytest.mark.launch
 

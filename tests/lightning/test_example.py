@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.jobs import MPIRUN, job_env, poprun_argv, run_job
+from tests.support.jobs import MPIRUN, job_env, poprun_argv, run_job
 
 pytestmark = [
     pytest.mark.slow,

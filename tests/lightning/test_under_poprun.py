@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.jobs import MPIRUN, ROOT, job_env, poprun_argv, run_job
 from tests.lightning.cases import SAMPLES, cpu_reference
+from tests.support.jobs import MPIRUN, ROOT, job_env, poprun_argv, run_job
 
 pytestmark = [
     pytest.mark.slow,

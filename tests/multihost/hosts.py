@@ -34,6 +34,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from tests.support.processes import reap_children
+
 SUBNET = "10.77.0"
 #: Namespace names: ``pdh<pid of the creating process>_<set>-<host>``; a set whose creator
 #: is dead is stale (its creator was killed) and the next set made removes it.
@@ -108,17 +110,6 @@ def _kill_namespace(namespace: str) -> None:
         reap_children()
         time.sleep(0.02)
     subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
-
-
-def reap_children() -> None:
-    """Collect every exited child of this process (without blocking)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def remove_stale() -> list[str]:

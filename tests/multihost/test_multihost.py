@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.jobs import ROOT, job_env, poprun_argv, run_job
 from tests.multihost.hosts import DOWN, Hosts
+from tests.support.jobs import ROOT, job_env, poprun_argv, run_job
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
@@ -118,7 +118,7 @@ def test_host_file_and_ranges(clean_hosts: Hosts, tmp_path: Path) -> None:
 def test_horovod_training_ends_at_the_same_weights_as_on_one_host(
     clean_hosts: Hosts, tmp_path: Path
 ) -> None:
-    from tests.parallel.topology_case import MODELS, OPTIMIZERS, reference
+    from tests.support.topology import MODELS, OPTIMIZERS, reference
 
     runs = {"one host": [], "two hosts": ["-H", "h1,h2"]}
     for name, hosts_args in runs.items():

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from popdist_torch.checkpoint import read_checkpoint, save_checkpoint
-from tests.jobs import ROOT
-from tests.unit.test_checkpoint import net
+from tests.support.data import net
+from tests.support.jobs import ROOT
 
 pytestmark = pytest.mark.parallel
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.jobs import ROOT, poprun_argv, run_job, run_mpi
+from tests.support.jobs import ROOT, poprun_argv, run_job, run_mpi
 
 pytestmark = [pytest.mark.parallel, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.jobs import MPIRUN, ROOT, poprun_argv, run_job, run_mpi
+from tests.support.jobs import MPIRUN, ROOT, poprun_argv, run_job, run_mpi
 
 pytestmark = [pytest.mark.parallel, pytest.mark.slow]
 POPRUN = ROOT / ".venv/bin/poprun"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.jobs import MPIRUN, ROOT, run_mpi
+from tests.support.jobs import MPIRUN, ROOT, run_mpi
 
 pytestmark = pytest.mark.parallel
 

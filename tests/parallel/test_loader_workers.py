@@ -8,8 +8,7 @@ import pytest
 from popdist_torch.data import DataLoader
 from popdist_torch.enums import DataLoaderMode
 from popdist_torch.options import Options
-from tests.unit.test_dataloader import Stream, make_options
-from tests.unit.test_dataloader_async import Gated, prefetch_threads
+from tests.support.data import Gated, Stream, make_options, prefetch_threads
 
 pytestmark = pytest.mark.parallel
 

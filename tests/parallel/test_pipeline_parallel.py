@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from popdist.env import instance_environment
-from tests.jobs import ROOT, job_env, run_job
+from tests.support.jobs import ROOT, job_env, run_job
 
 pytestmark = pytest.mark.parallel
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from popdist import env as contract
-from tests.jobs import ROOT, job_env, run_job
+from tests.support.jobs import ROOT, job_env, run_job
 
 pytestmark = pytest.mark.parallel
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import ROOT, job_env, run_job
+from tests.support.jobs import ROOT, job_env, run_job
 
 pytestmark = [pytest.mark.parallel, pytest.mark.slow]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.jobs import MPIRUN, ROOT, run_mpi
-from tests.parallel.topology_case import GLOBAL_REPLICAS, MODELS, OPTIMIZERS, reference
+from tests.support.jobs import MPIRUN, ROOT, run_mpi
+from tests.support.topology import GLOBAL_REPLICAS, MODELS, OPTIMIZERS, reference
 
 pytestmark = [pytest.mark.parallel, pytest.mark.slow]
 

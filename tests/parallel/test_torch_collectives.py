@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from popdist import env
-from tests.jobs import MPIRUN, ROOT, run_mpi
+from tests.support.jobs import MPIRUN, ROOT, run_mpi
 
 pytestmark = pytest.mark.parallel
 

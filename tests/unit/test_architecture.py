@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import ROOT
+from tests.support.jobs import ROOT
 
 pytestmark = pytest.mark.unit
 

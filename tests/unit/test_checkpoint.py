@@ -22,12 +22,9 @@ from popdist_torch.checkpoint import (
 )
 from popdist_torch.data import DataLoader
 from popdist_torch.options import Options
+from tests.support.data import net
 
 pytestmark = pytest.mark.unit
-
-
-def net() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 1))
 
 
 def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor) -> None:

@@ -15,7 +15,7 @@ from popdist.collectives import CollectiveError
 from popdist.collectives.base import Collectives
 from popdist.env import PopdistError
 from popdist_torch.execution.reducer import GradientReducer, broadcast_state
-from tests.jobs import ROOT
+from tests.support.jobs import ROOT
 
 
 class Loopback(Collectives):

@@ -18,7 +18,7 @@ from popdist.collectives import LOCAL, REGISTRY, CollectiveError, lifecycle, mpi
 from popdist.collectives.local import LocalCollectives
 from popdist.collectives.registry import BackendSpec, Capabilities
 from popdist_torch.execution.reducer import broadcast_state, connect
-from tests.jobs import ROOT
+from tests.support.jobs import ROOT
 
 pytestmark = pytest.mark.unit
 

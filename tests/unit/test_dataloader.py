@@ -13,7 +13,7 @@ from torch.utils import data as tud
 from popdist.sharding import epoch_permutation
 from popdist_torch.data import DataLoader, current_shard
 from popdist_torch.enums import DataLoaderMode
-from popdist_torch.options import Options
+from tests.support.data import Stream, make_options
 
 pytestmark = pytest.mark.unit
 
@@ -31,24 +31,6 @@ class Indices(tud.Dataset[torch.Tensor]):
         if not 0 <= i < self.n:
             raise IndexError(i)
         return torch.tensor(i)
-
-
-def make_options(
-    process_id: int = 0,
-    processes: int = 1,
-    *,
-    device_iterations: int = 1,
-    replicas: int = 1,
-    accumulation: int = 1,
-    seed: int | None = None,
-) -> Options:
-    opts = Options()
-    opts.deviceIterations(device_iterations).replicationFactor(replicas)
-    opts.Training.gradientAccumulation(accumulation)
-    opts.Distributed.configureProcessId(process_id, processes)
-    if seed is not None:
-        opts.randomSeed(seed)
-    return opts
 
 
 def reference_epochs(
@@ -309,17 +291,6 @@ def test_batch_sampler_rejects_uneven_micro_batches() -> None:
 def test_batch_sampler_excludes_batch_size() -> None:
     with pytest.raises(ValueError, match="mutually exclusive"):
         DataLoader(make_options(), Indices(10), batch_size=2, batch_sampler=[[0, 1]])
-
-
-class Stream(tud.IterableDataset[torch.Tensor]):
-    def __init__(self, n: int, self_sharding: bool = False) -> None:
-        self.n = n
-        self.self_sharding = self_sharding
-
-    def __iter__(self) -> Any:
-        index, count = current_shard() if self.self_sharding else (0, 1)
-        for i in range(index, self.n, count):
-            yield torch.tensor(i)
 
 
 @pytest.mark.parametrize("self_sharding", [False, True])

@@ -2,46 +2,16 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-import torch
-from torch.utils import data as tud
 
 from popdist_torch.data import DataLoader
 from popdist_torch.enums import DataLoaderMode
 from popdist_torch.options import Options
+from tests.support.data import Gated, prefetch_threads
 
 pytestmark = pytest.mark.unit
 
 SIGNAL_TIMEOUT_S = 30.0  # only reached when the behaviour under test is broken
-
-
-class Gated(tud.Dataset[torch.Tensor]):
-    """Reading sample ``gate`` announces itself, then waits for the test to release it."""
-
-    def __init__(self, n: int, gate: int, fail_at: int | None = None) -> None:
-        self.n = n
-        self.gate = gate
-        self.fail_at = fail_at
-        self.started = threading.Event()
-        self.release = threading.Event()
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if i == self.fail_at:
-            raise KeyError(f"sample {i} is broken")
-        if i == self.gate:
-            self.started.set()
-            if not self.release.wait(SIGNAL_TIMEOUT_S):
-                raise TimeoutError("the test never released the gate")
-        return torch.tensor(i)
-
-
-def prefetch_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "popdist-dataloader"]
 
 
 def test_async_loads_the_next_batch_before_it_is_asked_for() -> None:

@@ -239,7 +239,7 @@ def test_popdist_torch_reads_no_environment_variable() -> None:
     """popdist owns every read of the environment: popdist_torch asks popdist."""
     import re
 
-    from tests.jobs import ROOT
+    from tests.support.jobs import ROOT
 
     pattern = re.compile(r"os\.environ|os\.getenv|getenv\(|OMPI_|POPDIST_")
     readers = [

@@ -18,7 +18,7 @@ from popdist_torch.options import NO_OP_OPTIONS, UnsupportedOptionError
 from popdist_torch.pipeline import PipelineError, record_schedule
 from popdist_torch.surface import NAMES, NO_OP, OPTION_OWNERS, REFUSED, SUPPORTED, Row, rows_of
 from popdist_torch.surface.page import PAGE, render
-from tests.jobs import ROOT
+from tests.support.jobs import ROOT
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import job_env
+from tests.support.jobs import job_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 HERE = Path(__file__).resolve().parent

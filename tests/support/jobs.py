@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MPIRUN = shutil.which("mpirun")
 LAUNCHER_PREFIXES = ("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_")
 
@@ -132,7 +132,7 @@ def assert_no_descendants(within: float = 5.0) -> None:
     import contextlib
     import time
 
-    from tests.conftest import descendants
+    from tests.support.processes import descendants
 
     deadline = time.monotonic() + within
     while descendants() and time.monotonic() < deadline:

@@ -1,0 +1,75 @@
+"""The test process's children, read from /proc: who is still running, and reaping them.
+
+The suite's pytest process is a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), so a
+process a test started in its own session, and orphaned since, is re-parented to it and is
+still seen as a descendant when the test ends (``tests/conftest.py`` fails a test that
+leaves one).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` from /proc (all threads' children files)."""
+    out: list[int] = []
+    task_dir = Path(f"/proc/{pid}/task")
+    try:
+        tasks = list(task_dir.iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            out.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return out
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every live (non-zombie) descendant of ``pid`` (default: this process)."""
+    root = os.getpid() if pid is None else pid
+    seen: list[int] = []
+    stack = _children(root)
+    while stack:
+        child = stack.pop()
+        if child in seen:
+            continue
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            seen.append(child)
+        stack.extend(_children(child))
+    return seen
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return "?"
+
+
+def reap_children() -> None:
+    """Collect every exited child of this process (without blocking)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

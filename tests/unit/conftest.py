@@ -1,0 +1,34 @@
+"""The unit tier starts no process: logic only, fast, no children to reap.
+
+Every way a test could start one (``subprocess``, ``os.fork``/``posix_spawn``/``exec*``,
+``multiprocessing``) raises here with the place to move the test to; tests that need a
+process belong to ``tests/launch`` (poprun, mpirun) or ``tests/parallel``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import subprocess
+from typing import Any, NoReturn
+
+import pytest
+
+MOVE = "a unit test starts no process: move it to tests/launch or tests/parallel"
+
+
+def _refuse(what: str) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError(f"{what}: {MOVE}")
+
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting a process fails the test that tried, naming what it called."""
+    monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("subprocess.Popen"))
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve", "execvp"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, _refuse(f"os.{name}"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("multiprocessing"))

@@ -1,0 +1,55 @@
+"""Honest tiers: the unit tier starts no process, and no tier leans on another's tests.
+
+Checked by reading the test sources (imports), and by trying to start a process from a
+unit test (``tests/unit/conftest.py`` must refuse it).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.jobs import ROOT
+
+pytestmark = pytest.mark.unit
+
+TESTS = ROOT / "tests"
+#: Folders that are not tiers: the shared support, and child scripts every tier launches.
+SHARED = {"support", "bin"}
+
+
+def _imports(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    return [name for name in names if name.startswith("tests.")]
+
+
+def _tier(parts: tuple[str, ...]) -> str:
+    """``tests/<tier>/...`` → the tier; a top-level module of ``tests`` is shared."""
+    return parts[1] if len(parts) > 2 else "tests"
+
+
+def test_no_tier_imports_another_tiers_tests_or_a_conftest() -> None:
+    crossings = []
+    for path in sorted(TESTS.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        here = _tier(rel.parts)
+        for name in _imports(path):
+            parts = tuple(name.split("."))
+            there = parts[1] if len(parts) > 2 else parts[-1]
+            if parts[-1] == "conftest" or (there not in SHARED and there != here):
+                crossings.append(f"{rel} imports {name}")
+    assert crossings == []
+
+
+def test_the_unit_tier_refuses_to_start_a_process() -> None:
+    with pytest.raises(AssertionError, match="starts no process"):
+        subprocess.run([sys.executable, "-c", "pass"], check=False)
