@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,26 +24,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import goals
 from _common import DOCS, ROOT, machine, table
+from goals import Row
 
 PY = sys.executable
 #: The training cases the goals compare (run again with more rounds for the MLP).
 GOAL_CASES = (
     "plain-128", "plain-128-poprun", "popdist-1x4",
     "popdist-2x1", "ddp-2", "ddp-2-alloc", "hvd-2", "hvd-2-alloc",
-)  # fmt: skip
-#: Training goals: (goal, case, anchor as users run it, ratio, ratio against the anchor under
-#: the executor's conditions, what that anchor is, target).
-TRAINING_GOALS = (
-    ("issue 5: {tag} 1 instance × 4 replicas ≥ 0.9× plain torch on 4× batch", "popdist-1x4", "plain-128",
-     "local_replicas_1x4_vs_plain_128", "local_replicas_1x4_vs_plain_128_under_poprun",
-     "plain torch launched by poprun too (the executor's own cost)", 0.9),
-    ("issues 5, 7: {tag} 2 instances ≥ 1.0× torchrun + DDP", "popdist-2x1", "ddp-2",
-     "popdist_2x1_vs_ddp_2", "popdist_2x1_vs_ddp_2_same_allocator",
-     "DDP with poprun's malloc settings", 1.0),
-    ("issues 5, 7: {tag} 2 instances ≥ 1.0× Horovod DistributedOptimizer", "popdist-2x1", "hvd-2",
-     "popdist_2x1_vs_hvd_2", "popdist_2x1_vs_hvd_2_same_allocator",
-     "Horovod with poprun's malloc settings", 1.0),
 )  # fmt: skip
 #: The last commit before the tuning of issue 7 (poprun's single-host MCA defaults).
 BASELINE_REV = "9c8d20b317d9ba5eb32fbf9fa484028d63d4c95b"
@@ -157,249 +145,6 @@ def _load(stem: str) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-Row = list[str]
-
-
-def _goal(rows: list[Row], goal: str, measured: str, ratio: float | None, ok: bool | None) -> None:
-    rows.append(
-        [
-            goal,
-            measured,
-            "—" if ratio is None else f"{ratio:.2f}",
-            "—" if ok is None else ("**yes**" if ok else "**no**"),
-        ]
-    )
-
-
-def multihost_goals(goals: list[Row]) -> None:
-    """Issue 16's goal rows (across two namespace hosts), from its benchmark's JSON."""
-    mh = _load("multihost-benchmark")
-    if mh:
-        launch, ratios = mh["launch"], mh["ratios"]
-
-        def lm(name: str) -> float:
-            return float(launch[name]["median"])
-
-        r = ratios["poprun_vs_mpirun"]
-        _goal(goals, "issue 16: 2 hosts, poprun + popdist.init() ≤ 1.1× bare mpirun, same hosts",
-              f"{lm('poprun'):.3f} s vs {lm('mpirun'):.3f} s (without the ssh check "
-              f"{ratios['poprun_no_check_vs_mpirun']:.2f}×)", r, r <= 1.1)  # fmt: skip
-        r = ratios["poprun_vs_torchrun"]
-        _goal(goals, "issue 16: 2 hosts, poprun + popdist.init() < torchrun --nnodes 2 (c10d)",
-              f"{lm('poprun'):.3f} s vs {lm('torchrun --nnodes 2'):.3f} s", r, r < 1.0)  # fmt: skip
-        for size, data in mh["allreduce"].items():
-            r, bw = float(data["ratio"]), data["algbw"]
-            _goal(goals, f"issue 16: 2 hosts, gradient path / raw MPI_Allreduce, {int(size) >> 20} MB ≥ 0.9",
-                  f"{bw['horovod']:.3f} vs {bw['mpi4py']:.3f} GB/s (ratio: median per round)",
-                  r, r >= 0.9)  # fmt: skip
-    else:
-        _goal(goals, "issue 16: multi-host goals", "not measured (needs root)", None, None)
-
-
-def headline() -> tuple[list[Row], list[Row]]:
-    """(goal rows, before/after rows) from the benchmarks' JSON."""
-    goals: list[Row] = []
-    tuning: list[Row] = []
-    missing = "not measured"
-
-    lau = _load("launchers")
-    if lau:
-
-        def med(job: str, name: str, n: int) -> float:
-            return float(lau[job][name][str(n)]["median"])
-
-        for n in (1, 2, 4):
-            if str(n) not in lau["trivial"]["poprun"]:
-                continue
-            d = med("trivial", "poprun", n) - med("trivial", "mpirun", n)
-            _goal(goals, f"issue 7: poprun − bare mpirun, trivial job, {n} instances ≤ +0.12 s",
-                  f"{med('trivial', 'poprun', n):.3f} s vs {med('trivial', 'mpirun', n):.3f} s",
-                  d, d <= 0.12)  # fmt: skip
-        for n in (1, 2, 4):
-            if str(n) not in lau["backend"]["poprun"]:
-                continue
-            r = med("backend", "poprun", n) / med("backend", "mpirun", n)
-            _goal(goals, f"issue 7: poprun / bare mpirun, job starting Horovod, {n} instances ≤ 1.1×",
-                  f"{med('backend', 'poprun', n):.3f} s vs {med('backend', 'mpirun', n):.3f} s",
-                  r, r <= 1.1)  # fmt: skip
-        for n in (1, 2, 4):
-            if str(n) not in lau["backend"]["poprun"]:
-                continue
-            r = med("backend", "poprun", n) / med("backend", "torchrun", n)
-            _goal(goals, f"issue 7: poprun + popdist.init() < torchrun + init_process_group, {n} instances",
-                  f"{med('backend', 'poprun', n):.3f} s vs {med('backend', 'torchrun', n):.3f} s",
-                  r, r < 1.0)  # fmt: skip
-        for job in ("trivial", "backend"):
-            if "poprun (before)" not in lau[job]:
-                continue
-            for n in sorted(int(k) for k in lau[job]["poprun"]):
-                b, a = med(job, "poprun (before)", n), med(job, "poprun", n)
-                tuning.append(
-                    [
-                        f"launch, {job} job, {n} instances (s)",
-                        f"{b:.3f}",
-                        f"{a:.3f}",
-                        f"{a / b:.2f}",
-                    ]
-                )
-            for n in sorted(int(k) for k in lau[job]["mpirun"]):
-                b, a = med(job, "mpirun", n), med(job, "mpirun + poprun MCA", n)
-                tuning.append(
-                    [f"bare mpirun, {job} job, {n} instances: Open MPI defaults → poprun's MCA (s)",
-                     f"{b:.3f}", f"{a:.3f}", f"{a / b:.2f}"]
-                )  # fmt: skip
-    else:
-        _goal(goals, "issue 7: launch goals", missing, None, None)
-
-    ovh = _load("launch-overhead")
-    if ovh:
-
-        def m(name: str) -> float:
-            return float(ovh[name]["median"])
-
-        d = m("trivial: poprun 2 instances") - m("trivial: mpirun -np 2")
-        _goal(goals, "issue 3: poprun − mpirun (same flags), `import popdist`, 2 instances ≤ +0.12 s",
-              f"{m('trivial: poprun 2 instances'):.3f} s vs {m('trivial: mpirun -np 2'):.3f} s",
-              d, d <= 0.12)  # fmt: skip
-        if "Horovod: poprun 2 instances" in ovh:
-            r = m("Horovod: poprun 2 instances") / m("Horovod: mpirun -np 2")
-            _goal(goals, "issue 3: poprun / mpirun (same flags), popdist.init(), 2 instances ≤ 1.1×",
-                  f"{m('Horovod: poprun 2 instances'):.3f} s vs {m('Horovod: mpirun -np 2'):.3f} s",
-                  r, r <= 1.1)  # fmt: skip
-        h = m("poprun --help")
-        _goal(goals, "issue 3: `poprun --help` < 0.3 s", f"{h:.3f} s", h / 0.3, h < 0.3)
-    imp = _load("import-cost")
-    if imp:
-        r = float(imp["ratio"])
-        _goal(goals, "issue 3: `import popdist` ≤ 1.3× bare python", f"{r:.2f}× (median wall)",
-              r, r <= 1.3 and not imp["heavy"])  # fmt: skip
-
-    ar = _load("allreduce")
-    if ar:
-        for size in sorted(int(s) for s in ar):
-            if size < 16 << 20:
-                continue
-            bw, paired = ar[str(size)]["algbw"], ar[str(size)]["ratio"]
-            r = paired["4k_pages"]
-            _goal(goals, f"issue 7: gradient path / raw MPI allreduce algbw, {size >> 20} MB, 4 KB pages ≥ 0.9",
-                  f"{bw['horovod']:.2f} vs {bw['mpi4py']:.2f} GB/s (medians; ratio: median per round)",
-                  r, r >= 0.9)  # fmt: skip
-            r = paired["2m_pages"]
-            _goal(goals, f"issue 7: gradient path / raw MPI allreduce algbw, {size >> 20} MB, 2 MB pages ≥ 0.9",
-                  f"{bw['horovod-2mb']:.2f} vs {bw['mpi4py-numpy']:.2f} GB/s ({100 * bw['horovod-2mb'] / bw['memory']:.0f}% of numpy a+b)",
-                  r, r >= 0.9)  # fmt: skip
-            if "horovod (before)" in bw:
-                b = bw["horovod (before)"]
-                tuning.append(
-                    [f"gradient path algbw, {size >> 20} MB (GB/s)", f"{b:.2f}",
-                     f"{bw['horovod']:.2f}", f"{bw['horovod'] / b:.2f}"]
-                )  # fmt: skip
-    else:
-        _goal(goals, "issue 7: gradient path ≥ 0.9× MPI", missing, None, None)
-
-    tt = _load("training-throughput")
-    goals_run = _load("training-throughput-goals") or {}
-    focused = goals_run.get("models", {})
-    if tt:
-        for model, data in tt["models"].items():
-            rt, md = data["ratios"], data["median"]
-            if not rt:
-                continue
-            rounds = tt["rounds"]
-            if model in focused:  # the goal cases again, with more rounds: these decide
-                rt = {**rt, **focused[model]["ratios"]}
-                md = {**md, **focused[model]["median"]}
-                rounds = goals_run["rounds"]
-            tag = f"{model.upper()} ({rounds} rounds)"
-            # Goals: the anchors as users run them (python, torchrun, horovodrun), as the
-            # issue states them. Beside each, the anchor under the executor's conditions,
-            # which takes the launcher's tuning out and leaves the executor's own cost.
-            for goal, case, anchor, key, strict_key, strict_label, target in TRAINING_GOALS:
-                r = rt[key]
-                _goal(goals, goal.format(tag=tag),
-                      f"{md[case]:.0f} vs {md[anchor]:.0f} samples/s; against {strict_label}: {rt[strict_key]:.2f}",
-                      r, r >= target)  # fmt: skip
-            _goal(goals, f"issue 7: {model.upper()} scaling efficiency 2 vs 1 (popdist / DDP / Horovod)",
-                  f"{rt['scaling_popdist']:.2f} / {rt['scaling_ddp']:.2f} / {rt['scaling_hvd']:.2f}",
-                  rt["scaling_popdist"], None)  # fmt: skip
-            _goal(goals, f"issue 7: {model.upper()} executor overhead, 1 instance × 1 replica / plain torch",
-                  f"{md['popdist-1x1']:.0f} vs {md['plain-64']:.0f} samples/s",
-                  rt["popdist_1x1_vs_plain_64"], None)  # fmt: skip
-    else:
-        _goal(goals, "issues 5, 7: training throughput", missing, None, None)
-    if tt:
-        for model, data in tt["models"].items():
-            md = data["median"]
-            if "popdist-2x1-before" in md:
-                b, a = md["popdist-2x1-before"], md["popdist-2x1"]
-                tuning.append([f"training {model.upper()}, popdist_torch 2 instances (samples/s)",
-                               f"{b:.0f}", f"{a:.0f}", f"{a / b:.2f}"])  # fmt: skip
-
-    _torch_backend_goals(goals)
-    multihost_goals(goals)
-
-    pipe = _load("pipeline-benchmark")
-    if pipe:
-        r = float(pipe["ratio"])
-        _goal(goals, "issue 8: pipelined ≥ 1.5× sharded", f"{r:.2f}×", r, r >= 1.5)
-
-    lit = _load("lightning-benchmark")
-    if lit:
-        r = float(lit["ratio"]["ipu_2_vs_ddp_2"])
-        strict = float(lit["ratio"]["ipu_2_vs_ddp_2_one_thread"])
-        raw2 = lit["ratio"].get("ipu_2_vs_raw_2")
-        beside = f"; against the raw popdist_torch loop: {raw2:.2f}" if raw2 else ""
-        _goal(goals, "issue 17: IPUStrategy 2 instances ≥ 1.2× Lightning DDP (gloo) 2 processes",
-              f"median of per-round ratios ({lit['rounds']} rounds); against DDP with 1 thread "
-              f"per process: {strict:.2f}{beside}", r, r >= 1.2)  # fmt: skip
-        r = float(lit["ratio"]["lightning_step_vs_raw_step"])
-        _goal(goals, "issue 17: IPUStrategy step ≤ 1.5× a raw popdist_torch call",
-              f"median of per-round ratios ({lit['rounds']} rounds)", r, r <= 1.5)  # fmt: skip
-    out = _load("output-throughput")
-    if out:
-        for shape, what in (("flood", "flood of 100-byte lines"), ("line", "single line")):
-            r, mb = float(out[shape]["ratio"]), out["mb"]
-            pop = statistics.median(out[shape]["stream_s"]["poprun"])
-            bare = statistics.median(out[shape]["stream_s"]["mpirun"])
-            _goal(goals, f"issue 18: poprun output throughput ≥ 0.8× bare mpirun, {mb} MB {what}",
-                  f"{mb / pop:.0f} vs {mb / bare:.0f} MB/s", r, r >= 0.8)  # fmt: skip
-    return goals, tuning
-
-
-def _torch_backend_goals(goals: list[Row]) -> None:
-    """Issue 19's CPU goals from docs/torch-backend.json (the GPU ones: ``make gpu-check``)."""
-    tb = _load("torch-backend")
-    if not tb:
-        _goal(goals, "issue 19: torch backend", "not measured in this run", None, None)
-        return
-    for size, got in tb["allreduce"].items():
-        mb = int(size) >> 20
-        for key, anchor in (
-            ("torch_vs_horovod", "Horovod's"),
-            ("torch_vs_mpi", "raw MPI_Allreduce"),
-        ):
-            r = got[key]
-            _goal(goals, f"issue 19: torch backend gradient path / {anchor}, {mb} MB ≥ 0.9",
-                  f"{r:.2f}× (median per round)", r, r >= 0.9)  # fmt: skip
-    if "training" in tb:
-        r = tb["training"]["ratios"]["torch_vs_ddp"]
-        _goal(goals, "issue 19: MLP training, --backend torch ≥ 1.0× torchrun + DDP",
-              f"{r:.2f}× (median per round)", r, r >= 1.0)  # fmt: skip
-    _goal(goals, "issue 19: GPU, 1 instance × N local replicas ≥ 0.9× plain torch on the N× batch",
-          "not measured here: `make gpu-check` on a machine with a GPU", None, None)  # fmt: skip
-
-
-def _body(stem: str) -> str:
-    """A benchmark's own Markdown without its title; headings pushed down two levels."""
-    path = DOCS / f"{stem}.md"
-    if not path.exists():
-        return "_Not produced in this run._"
-    lines = path.read_text().splitlines()
-    if lines and lines[0].startswith("# "):
-        lines = lines[1:]
-    return "\n".join(("##" + ln) if ln.startswith("#") else ln for ln in lines).strip()
-
-
 SECTIONS: list[tuple[str, str, str | None]] = [
     ("Launch: poprun, mpirun, torchrun, horovodrun", "launchers", "launchers.png"),
     ("Launch overhead of poprun over mpirun with the same flags", "launch-overhead", None),
@@ -413,6 +158,87 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
     ("The torch.distributed backend", "torch-backend", None),
 ]
+
+
+def results() -> dict[str, Any]:
+    """Every benchmark's JSON by name, and the training view the goals read."""
+    found = {stem: _load(stem) for _, stem, _ in SECTIONS}
+    found = {stem: data for stem, data in found.items() if data is not None}
+    if "training-throughput" in found:
+        found["training"] = training_view(
+            found["training-throughput"], found.get("training-throughput-goals") or {}
+        )
+    return found
+
+
+def training_view(tt: dict[str, Any], goals_run: dict[str, Any]) -> dict[str, Any]:
+    """Per model: its ratios, medians and rounds; the goal cases' longer run wins where it ran."""
+    focused = goals_run.get("models", {})
+    view = {}
+    for model, data in tt["models"].items():
+        if not data["ratios"]:
+            continue
+        ratios, median, rounds = data["ratios"], data["median"], tt["rounds"]
+        if model in focused:  # the goal cases again, with more rounds: these decide
+            ratios = {**ratios, **focused[model]["ratios"]}
+            median = {**median, **focused[model]["median"]}
+            rounds = goals_run["rounds"]
+        view[model] = {"ratios": ratios, "median": median, "rounds": rounds}
+    return view
+
+
+def tuning_rows(found: dict[str, Any]) -> list[Row]:
+    """The before/after rows of issue 7's tuning (run with ``--baseline``)."""
+    rows: list[Row] = []
+    lau = found.get("launchers")
+    for job in ("trivial", "backend") if lau else ():
+
+        def med(name: str, n: int, job: str = job) -> float:
+            return float(lau[job][name][str(n)]["median"])
+
+        if "poprun (before)" not in lau[job]:
+            continue
+        for n in sorted(int(k) for k in lau[job]["poprun"]):
+            b, a = med("poprun (before)", n), med("poprun", n)
+            rows.append(
+                [f"launch, {job} job, {n} instances (s)", f"{b:.3f}", f"{a:.3f}", f"{a / b:.2f}"]
+            )
+        for n in sorted(int(k) for k in lau[job]["mpirun"]):
+            b, a = med("mpirun", n), med("mpirun + poprun MCA", n)
+            rows.append(
+                [f"bare mpirun, {job} job, {n} instances: Open MPI defaults → poprun's MCA (s)",
+                 f"{b:.3f}", f"{a:.3f}", f"{a / b:.2f}"]
+            )  # fmt: skip
+    for size, data in sorted(found.get("allreduce", {}).items(), key=lambda kv: int(kv[0])):
+        bw = data["algbw"]
+        if int(size) >= 16 << 20 and "horovod (before)" in bw:
+            b = bw["horovod (before)"]
+            rows.append([f"gradient path algbw, {int(size) >> 20} MB (GB/s)", f"{b:.2f}",
+                         f"{bw['horovod']:.2f}", f"{bw['horovod'] / b:.2f}"])  # fmt: skip
+    for model, data in (found.get("training-throughput") or {}).get("models", {}).items():
+        md = data["median"]
+        if "popdist-2x1-before" in md:
+            b, a = md["popdist-2x1-before"], md["popdist-2x1"]
+            rows.append([f"training {model.upper()}, popdist_torch 2 instances (samples/s)",
+                         f"{b:.0f}", f"{a:.0f}", f"{a / b:.2f}"])  # fmt: skip
+    return rows
+
+
+def headline() -> tuple[list[Row], list[Row]]:
+    """(goal rows, before/after rows) from the benchmarks' JSON."""
+    found = results()
+    return goals.headline(goals.GOALS, found), tuning_rows(found)
+
+
+def _body(stem: str) -> str:
+    """A benchmark's own Markdown without its title; headings pushed down two levels."""
+    path = DOCS / f"{stem}.md"
+    if not path.exists():
+        return "_Not produced in this run._"
+    lines = path.read_text().splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    return "\n".join(("##" + ln) if ln.startswith("#") else ln for ln in lines).strip()
 
 
 def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
