@@ -8,7 +8,7 @@ instance's index on its host. Outside a launcher it is one instance of rank 0.
 
 from __future__ import annotations
 
-from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.fabric.plugins import ClusterEnvironment
 
 import popdist
 

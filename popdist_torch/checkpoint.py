@@ -319,7 +319,8 @@ def _topology() -> dict[str, int]:
 def _state_of(obj: Any, what: str) -> Mapping[str, Any]:
     if not hasattr(obj, "state_dict"):
         raise TypeError(f"{what} of type {type(obj).__name__} has no state_dict()")
-    return obj.state_dict()
+    state: Mapping[str, Any] = obj.state_dict()
+    return state
 
 
 def save_checkpoint(

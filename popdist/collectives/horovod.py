@@ -96,7 +96,8 @@ def _import_horovod() -> ModuleType:
             f"popdist.init() needs Horovod (horovod.torch), which this interpreter "
             f"({sys.executable}) cannot import ({exc}); {SETUP_HINT}"
         ) from None
-    return hvd
+    module: ModuleType = hvd
+    return module
 
 
 @contextlib.contextmanager

@@ -111,7 +111,7 @@ def _start(run: RunView) -> str:
     has_gpu = not run.offline_mode and torch.cuda.is_available()
     store: Any
     if run.num_instances == 1:
-        store = dist.HashStore()
+        store = dist.HashStore()  # type: ignore[attr-defined]
     else:
         store, has_gpu = _rendezvous(run, has_gpu, timeout)
     backend = process_group_backend(has_gpu)
@@ -148,7 +148,7 @@ def _rendezvous(run: RunView, has_gpu: bool, timeout: Any) -> tuple[Any, bool]:
     master = None
     if rank == 0:
         # Port 0: the kernel picks a free port when it binds, so there is nothing to race.
-        master = dist.TCPStore(
+        master = dist.TCPStore(  # type: ignore[attr-defined]
             "0.0.0.0", 0, size, is_master=True, timeout=timeout, wait_for_workers=False
         )
         address = (rendezvous_host(run, socket.gethostname()), int(master.port))
@@ -158,7 +158,8 @@ def _rendezvous(run: RunView, has_gpu: bool, timeout: Any) -> tuple[Any, bool]:
         return master, every_gpu
     assert address is not None
     host, port = address
-    return dist.TCPStore(host, port, size, is_master=False, timeout=timeout), every_gpu
+    store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+    return store, every_gpu
 
 
 # -- fusion ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils._pytree import tree_flatten
 
 import popdist_torch as poptorch

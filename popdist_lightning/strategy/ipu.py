@@ -28,12 +28,11 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
-from lightning.fabric.utilities.types import ReduceOp
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import Tensor
 from torch.utils import data as tud
@@ -243,7 +242,7 @@ class IPUStrategy(ParallelStrategy):
 
     # -- collectives (on the run's backend: popdist_lightning.collectives) ---------------------
     def reduce(
-        self, tensor: Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
+        self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean"
     ) -> Any:
         """Reduce ``tensor`` across instances (``mean`` by default; ``sum``, ``max``, ``min``)."""
         return collectives.reduce(tensor, reduce_op)

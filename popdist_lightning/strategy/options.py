@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils import data as tud
 
 import popdist_torch as poptorch

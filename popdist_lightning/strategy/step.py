@@ -128,7 +128,8 @@ def _training_loss(result: Any) -> torch.Tensor:
     if isinstance(result, (torch.Tensor, torch.fx.Proxy)):
         return result  # type: ignore[return-value]
     if isinstance(result, Mapping) and isinstance(result.get("loss"), torch.Tensor):
-        return result["loss"]
+        loss: torch.Tensor = result["loss"]
+        return loss
     if result is None:
         raise IPUStrategyError(
             "training_step returned None: under IPUStrategy every training step must return "
@@ -189,4 +190,5 @@ def flat_step_module(module: nn.Module, step: str, batch: Any) -> FlatStepModule
     namespace: dict[str, Any] = {}
     exec(source, namespace)  # one named parameter per input: what the stage tracer needs
     cls = type("PipelinedStep", (FlatStepModule,), {"forward": namespace["forward"]})
-    return cls(module, step, spec)
+    wrapper: FlatStepModule = cls(module, step, spec)
+    return wrapper

@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import torch
 
@@ -71,7 +71,7 @@ class Prefetcher(Generic[T]):
             raise StopIteration
         kind, value = self._queue.get()
         if kind == _ITEM:
-            return value
+            return cast(T, value)
         self._finished = True
         self._thread.join()
         if kind == _ERROR:

@@ -62,7 +62,10 @@ class GradientReducer:
         self._params = [(n, p) for n, p in named_parameters if p.requires_grad]
         self._armed = False
         self._handles: dict[str, Handle] = {}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in self._params]
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._hook(n))  # type: ignore[no-untyped-call]
+            for n, p in self._params
+        ]
 
     def _launch(self, name: str, grad: torch.Tensor) -> None:
         self._handles[name] = self._collectives.allreduce_async_(

@@ -182,7 +182,7 @@ class LocalReplicaRunner(ReplicaRunner):
             if not losses.requires_grad:
                 check_scalar(losses[0])
             # d(scale * sum(losses)) / d(losses) = scale, without the two extra ops
-            losses.backward(torch.full_like(losses, scale))
+            losses.backward(torch.full_like(losses, scale))  # type: ignore[no-untyped-call]
         return detach(out) if keep else None
 
     def _one_by_one(
@@ -204,7 +204,7 @@ class LocalReplicaRunner(ReplicaRunner):
                 loss = loss_of(out)
                 check_scalar(loss)
                 self._arm(last and i == replicas - 1)
-                (loss * scale).backward()
+                (loss * scale).backward()  # type: ignore[no-untyped-call]
             if keep:
                 outputs.append(detach(out))
         return stack(outputs) if keep else None

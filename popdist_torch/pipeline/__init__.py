@@ -15,6 +15,7 @@ This package's ``__init__`` is its only door: the annotations and strategies liv
 from __future__ import annotations
 
 from popdist_torch.enums import AutoStage
+from popdist_torch.errors import PipelineError
 from popdist_torch.pipeline.blocks import (
     BeginBlock,
     Block,
@@ -25,7 +26,6 @@ from popdist_torch.pipeline.blocks import (
     Phase,
     PhasedExecution,
     PipelinedExecution,
-    PipelineError,
     SerialPhasedExecution,
     ShardedExecution,
     Stage,

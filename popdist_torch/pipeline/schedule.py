@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from popdist_torch.errors import PipelineError
 from popdist_torch.pipeline.blocks import (
     ExecutionStrategy,
     PipelinedExecution,
-    PipelineError,
     check_depth,
 )
 from popdist_torch.pipeline.stages import Source, StagePlan, StageSpec, build_plan, loss_source
@@ -321,7 +321,7 @@ class StageRunner:
         if device.type != "cuda":
             return None
         if ipu_id not in self._streams:
-            self._streams[ipu_id] = torch.cuda.Stream(device=device)
+            self._streams[ipu_id] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
         return self._streams[ipu_id]
 
     def record(self, spec: StageSpec, kind: str, m: int, start: float) -> None:
@@ -488,7 +488,7 @@ class _DeviceScope:
     def __enter__(self) -> None:
         self._lock.acquire()
         if self._stream_ctx is not None:
-            self._stream_ctx.__enter__()
+            self._stream_ctx.__enter__()  # type: ignore[no-untyped-call]
 
     def __exit__(self, *exc: object) -> None:
         try:

@@ -20,9 +20,9 @@ from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
 from popdist_torch.enums import AutoStage
+from popdist_torch.errors import PipelineError
 from popdist_torch.pipeline.blocks import (
     ExecutionStrategy,
-    PipelineError,
     Stage,
     begin_block_of,
     enter_block,

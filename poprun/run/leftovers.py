@@ -34,7 +34,8 @@ def become_subreaper() -> bool:
     try:
         import ctypes
 
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        done: int = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        return done == 0
     except (OSError, AttributeError):
         return False
 
