@@ -16,6 +16,20 @@ poprun's own host it points the instance's stdout and stderr at poprun's FIFOs
 (poprun strips it) and then *becomes* the program, so the program's argv is untouched and
 its pid is the one reported.
 
+An instance on another host gets :data:`REMOTE_WRAPPER` instead: poprun sees neither its pid
+nor its exit, and mpirun does not always say how it ended (across hosts it leaves out the box
+naming a process that fails right at the start, about one run in four). That wrapper runs the
+program as its foreground child (a nested ``sh`` reports the pid and execs it, so the pid is
+the program's), then writes :data:`EXIT_MARKER` and the status (``Popen`` style: the exit code,
+or ``-N`` for signal N) as the last line of the instance's stderr, and ends the same way
+(it re-raises the signal on itself), so mpirun's view is unchanged. Open MPI's daemon signals
+each instance's process group (``odls_base_signal_direct_children_only`` is false by
+default), so its SIGTERM and SIGKILL reach the program; the wrapper only traps HUP, INT and
+TERM with a no-op (``true``), which waits for the program (exec resets a trapped signal, so the program
+keeps the default handlers: Python still gets its KeyboardInterrupt). The wrapper's own
+stderr is ``/dev/null`` (the program's is the real one, also kept on descriptor 3 for the
+status line), so the shell's "Terminated" notes never reach the output.
+
 On one host, poprun pins Open MPI to shared memory (``pml ob1``, ``btl self,vader,tcp``):
 Open MPI's default selection probes UCX and libfabric first, which costs about 0.2 s in
 every ``MPI_Init`` (so in every ``popdist.init()``) and gains nothing without a fabric
@@ -41,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from poprun.config.run_config import RunConfig
 from poprun.errors import PoprunError
 from poprun.plan.environment import instance_values, shared_values
+from poprun.plan.hosts import is_local
 from poprun.plan.topology import Topology
 
 #: The first line each instance writes to its stderr, before exec'ing the program.
@@ -51,10 +66,23 @@ _DIRECT = (
     'd=$POPRUN_DIRECT_OUTPUT; unset POPRUN_DIRECT_OUTPUT; f="$d/$POPDIST_INSTANCE_INDEX"; '
     'if [ -n "$d" ] && [ -p "$f.stderr" ]; then exec >"$f.stdout" 2>"$f.stderr"; fi; '
 )
-WRAPPER: tuple[str, ...] = (
+_PID_AND_EXEC = 'printf "\\037poprun-pid=%d\\n" "$$" >&2; exec "$@"'
+WRAPPER: tuple[str, ...] = ("/bin/sh", "-c", _DIRECT + _PID_AND_EXEC, "poprun-instance")
+#: The last line an instance on another host writes to its stderr: how the program ended.
+EXIT_MARKER = b"\x1fpoprun-exit="
+#: ``$?`` of a program killed by a signal whose default is to end it (128 + N): HUP..STKFLT
+#: (1-16) and XCPU..SYS (24-31) less WINCH (28). Any other status is an exit code.
+_KILLED = "129|13?|14[0-4]|15[2-57-9]"
+_REPORT_EXIT = (
+    f"s=$?; r=$s; case $s in {_KILLED}) r=-$((s - 128));; esac; "
+    'printf "\\037poprun-exit=%d\\n" "$r" >&3; '
+    'trap - HUP INT TERM; case $r in -*) kill "$r" "$$";; esac; exit "$s"'
+)
+REMOTE_WRAPPER: tuple[str, ...] = (
     "/bin/sh",
     "-c",
-    _DIRECT + 'printf "\\037poprun-pid=%d\\n" "$$" >&2; exec "$@"',
+    "trap true HUP INT TERM; exec 3>&2 2>/dev/null; "
+    f"/bin/sh -c 'exec 2>&3 3>&-; {_PID_AND_EXEC}' poprun-instance \"$@\"; {_REPORT_EXIT}",
     "poprun-instance",
 )
 _BINDING_FLAGS = frozenset({"--bind-to", "-bind-to"})
@@ -142,7 +170,7 @@ def build_argv(
         for name, value in instance_values(config, plan, device_pool).items():
             argv += ["-x", f"{name}={value}"]
         argv += config.local_args(plan.index)
-        argv += WRAPPER
+        argv += WRAPPER if is_local(plan.host) else REMOTE_WRAPPER
         if plan.numa_nodes and numactl:
             nodes = ",".join(map(str, plan.numa_nodes))
             argv += [numactl, f"--cpunodebind={nodes}", f"--membind={nodes}"]

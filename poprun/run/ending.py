@@ -1,7 +1,7 @@
 """The ending policy (pure): from one run's events and a clock, what to do next and how it ends.
 
 Every way a run ends goes through :class:`EndingPolicy`: an instance fails (mpirun announces
-the abort, or exits), a signal reaches poprun (a second one too), ``--timeout`` passes, the
+the abort, or exits; an instance on another host reports how it ended), a signal reaches poprun (a second one too), ``--timeout`` passes, the
 output streams close or stay open after mpirun has gone, a failed job is launched again
 (``--max-restarts``). The supervisor (:mod:`poprun.run.supervisor`) tells the policy what
 happened and carries out the :class:`Action` s it answers with; it keeps no timer and makes
@@ -19,7 +19,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from poprun.run.evidence import Failure
+from poprun.run.evidence import ExitRecord, Failure
 from poprun.run.verdict import InstanceResult, RunResult, decide
 
 #: After the first failure, a signal or the time-out: how long mpirun gets to end the job
@@ -99,6 +99,8 @@ class _Attempt:
     signals: list[int] = field(default_factory=list)
     exited: list[int] = field(default_factory=list)
     exited_at_abort: tuple[int, ...] | None = None
+    reports: list[tuple[int, ExitRecord]] = field(default_factory=list)
+    reports_at_abort: int | None = None
     returncode: int | None = None
     launch_error: str | None = None
     timed_out: bool = False
@@ -174,11 +176,20 @@ class EndingPolicy:
         """A local instance ended (the order matters when mpirun names no one)."""
         self.now.exited.append(instance)
 
+    def exit_reported(self, instance: int, record: ExitRecord) -> None:
+        """An instance on another host said how it ended (its wrapper's last stderr line).
+
+        It may come before mpirun's abort, after it, even after mpirun has exited: it counts
+        until the output ends.
+        """
+        self.now.reports.append((instance, record))
+
     def mpirun_aborting(self) -> None:
         """mpirun announced it is ending the job: it gets the grace period to finish."""
         now = self.now
         if now.exited_at_abort is None:
             now.exited_at_abort = tuple(now.exited)
+            now.reports_at_abort = len(now.reports)
         now.kill_at = self._sooner(now.kill_at, self.clock() + self.grace_s)
 
     def mpirun_exited(self, returncode: int) -> list[Action]:
@@ -248,6 +259,8 @@ class EndingPolicy:
                 still_running=evidence.still_running,
                 mpirun_failure=evidence.mpirun_failure,
                 exited_at_abort=now.exited_at_abort,
+                exit_records=tuple(now.reports),
+                exit_records_at_abort=now.reports_at_abort,
                 escalated=now.escalated,
                 remote=evidence.remote,
                 left_behind=evidence.left_behind,

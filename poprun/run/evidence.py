@@ -1,12 +1,15 @@
-"""What names a failing instance: its own error record, or mpirun's failure boxes.
+"""What names a failing instance: its own records, or mpirun's failure boxes.
 
-Two sources name a failing instance. An instance that raised writes its own structured
+Three sources name a failing instance. An instance that raised writes its own structured
 :class:`ErrorRecord` (:mod:`popdist.error_record`) on its stderr; that answer does not
-depend on mpirun's wording and works for remote instances. For anything else (a shell
-script's exit code, a signal) mpirun's diagnostics, printed in boxes of dashes, name the
-first failing process: :class:`MpirunMessages` reads those and swallows them. The report built
-from them (:mod:`poprun.run.verdict`) names the instance, host, pid, exit code or signal,
-and then the exception from the record, or else the last lines of that instance's stderr.
+depend on mpirun's wording and works for remote instances. An instance on another host
+ends with an :class:`ExitRecord`, written by its wrapper
+(:data:`poprun.plan.mpirun.REMOTE_WRAPPER`): its exit code or signal, whatever mpirun says.
+For the rest (a local instance's exit code or signal) mpirun's diagnostics, printed in boxes
+of dashes, name the first failing process: :class:`MpirunMessages` reads those and swallows
+them. The report built from them (:mod:`poprun.run.verdict`) names the instance, host, pid,
+exit code or signal, and then the exception from the record, or else the last lines of that
+instance's stderr.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import signal
 from dataclasses import dataclass
 
 from popdist.error_record import MARKER
+from poprun.plan.mpirun import EXIT_MARKER
 
 _EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)", re.S)
 _SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
@@ -96,6 +100,41 @@ class ErrorRecord:
             host=text("host") or None,
             instance=number("instance"),
         )
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """How an instance on another host ended, in its wrapper's words (its last stderr line)."""
+
+    #: ``Popen`` style: the exit code, or ``-N`` when signal N killed the program.
+    returncode: int
+
+    @classmethod
+    def from_line(cls, line: bytes) -> ExitRecord | None:
+        """The record a marked stderr line carries; None when ``line`` is not a record."""
+        if not line.startswith(EXIT_MARKER):
+            return None
+        text = line[len(EXIT_MARKER) :].strip()
+        if not re.fullmatch(rb"-?\d{1,3}", text):
+            return None
+        returncode = int(text)
+        return cls(returncode) if -64 <= returncode <= 255 else None
+
+    @property
+    def failed(self) -> bool:
+        """Whether the program failed (a non-zero exit code or a signal)."""
+        return self.returncode != 0
+
+    @property
+    def ended_by_the_job(self) -> bool:
+        """Killed by SIGTERM or SIGKILL: what mpirun sends every instance when it ends a job."""
+        return -self.returncode in (signal.SIGTERM, signal.SIGKILL)
+
+    def failure(self, instance: int) -> Failure:
+        """This ending as the :class:`Failure` of ``instance``."""
+        if self.returncode < 0:
+            return Failure(instance, signal=-self.returncode)
+        return Failure(instance, exit_code=self.returncode)
 
 
 class MpirunMessages:

@@ -3,8 +3,8 @@
 Event-driven (one ``selectors`` loop over mpirun's two pipes, the local instances' FIFOs, a
 pidfd for mpirun's exit and one per local instance, and a wake-up socket for signals): it
 routes output (:mod:`poprun.run.output.router`) and tells the ending policy
-(:mod:`poprun.run.ending`) each event: a signal, an instance's or mpirun's exit, mpirun's
-abort announcement, the end of the streams, a Ctrl-Z. What to do next (forward a signal,
+(:mod:`poprun.run.ending`) each event: a signal, an instance's or mpirun's exit, a remote
+instance's exit status, mpirun's abort announcement, the end of the streams, a Ctrl-Z. What to do next (forward a signal,
 end the job at the time-out, SIGKILL after a grace period, stop reading, launch again) and
 the exit code and report are the policy's decisions; the supervisor only carries them out.
 
@@ -129,6 +129,7 @@ class Supervisor:
             topology,
             on_pid=self._watch_pid,
             on_abort=policy.mpirun_aborting,
+            on_exit=policy.exit_reported,
             append=policy.restarts > 0,
         )
         self.procs = JobProcesses(topology, self.output.pids)

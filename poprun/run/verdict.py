@@ -13,7 +13,7 @@ import signal
 from dataclasses import dataclass
 
 from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIMEOUT
-from poprun.run.evidence import ErrorRecord, Failure
+from poprun.run.evidence import ErrorRecord, ExitRecord, Failure
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class RunResult:
     #: Local instances that had ended when mpirun announced the abort, in the order they ended;
     #: None when mpirun never announced one.
     exited_at_abort: tuple[int, ...] | None = None
+    #: What instances on other hosts reported of their ending, in the order it arrived...
+    exit_records: tuple[tuple[int, ExitRecord], ...] = ()
+    #: ... and how many of those had arrived when mpirun announced the abort (None: never).
+    exit_records_at_abort: int | None = None
     #: Whether poprun had to SIGKILL instances (or mpirun) after the grace period.
     escalated: bool = False
     #: Instances on other hosts (poprun sees neither their pids nor their exits).
@@ -142,20 +146,17 @@ def root_cause(result: RunResult) -> Failure | None:
     An instance that raised (its error record, else its traceback) is the root cause even
     when another ended first: under Horovod an exception on one instance shuts the others
     down, and those may exit before it. Of several that raised, one whose exception only
-    echoes a peer's failure (:func:`echoes_a_peer`) comes after the others. Otherwise mpirun's own note names the instance;
-    when mpirun aborted without naming it, the last local instance to end before the abort
-    did, and mpirun's status is its code.
+    echoes a peer's failure (:func:`echoes_a_peer`) comes after the others. Otherwise
+    mpirun's own note names the instance; without it, the first instance on another host
+    whose exit record says it failed (:func:`reported_failure`); else the last local instance
+    to end before the abort, with mpirun's status as its code.
     """
-    failure = result.mpirun_failure
-    if failure is None and result.exited_at_abort:
-        last = result.exited_at_abort[-1]
-        code = result.returncode or 0
-        if code > 128:
-            failure = Failure(last, signal=code - 128)
-        elif code > 0:
-            failure = Failure(last, exit_code=code)
-        else:  # mpirun itself was ended before it said: the status is not known
-            failure = Failure(last, status_known=False)
+    failure = (
+        result.mpirun_failure
+        or reported_failure(result, certain_only=True)
+        or _last_before_abort(result)
+        or reported_failure(result)
+    )
     raised = sorted(
         (echoes_a_peer(i), i.raised_at, i.index)
         for i in result.instances
@@ -163,11 +164,43 @@ def root_cause(result: RunResult) -> Failure | None:
     )
     if raised and (failure is None or raised[0][2] != failure.instance):
         first = raised[0][2]
+        own = dict(result.exit_records).get(first)
+        if own is not None and own.failed:
+            return own.failure(first)
         if failure is None:
             code = result.returncode or 0
             return Failure(first, exit_code=code if 0 < code <= 128 else 1)
         return Failure(first, failure.exit_code, failure.signal, failure.status_known)
     return failure
+
+
+def reported_failure(result: RunResult, *, certain_only: bool = False) -> Failure | None:
+    """The first instance on another host whose exit record says it failed.
+
+    ``certain_only``: only a record that cannot be mpirun ending that instance: one that
+    arrived before mpirun announced the abort, or an ending other than SIGTERM or SIGKILL
+    (what mpirun sends every instance when it ends the job).
+    """
+    for n, (instance, record) in enumerate(result.exit_records):
+        if not record.failed:
+            continue
+        before_abort = result.exit_records_at_abort is None or n < result.exit_records_at_abort
+        if not certain_only or before_abort or not record.ended_by_the_job:
+            return record.failure(instance)
+    return None
+
+
+def _last_before_abort(result: RunResult) -> Failure | None:
+    """The last local instance to end before mpirun announced the abort (mpirun's status)."""
+    if not result.exited_at_abort:
+        return None
+    last = result.exited_at_abort[-1]
+    code = result.returncode or 0
+    if code > 128:
+        return Failure(last, signal=code - 128)
+    if code > 0:
+        return Failure(last, exit_code=code)
+    return Failure(last, status_known=False)  # mpirun was ended before it said
 
 
 #: What an instance raises when a *peer* failed and the collective backend shut down: such

@@ -255,12 +255,11 @@ def test_a_remote_exit_code_is_poprun_exit_code(clean_hosts: Hosts, run: int) ->
     assert "poprun: instance 3 failed first: exit code 7 (host h2, pid " in done.stdout
 
 
-@pytest.mark.parametrize("run", range(5))
-def test_a_remote_exit_at_start_gets_its_code_and_a_report(clean_hosts: Hosts, run: int) -> None:
+@pytest.mark.parametrize("run", range(6))
+def test_a_remote_exit_at_start_is_named_with_its_code(clean_hosts: Hosts, run: int) -> None:
     """Failing right at the start, mpirun leaves out its "Process name: ... Exit code" box
-    about one run in four (it announces the abort and exits 2 s later without it; poprun
-    reads every byte it writes, -vv shows). Repeated: the root-cause line, naming the
-    instance or, without the box, the host's instances, and the exit code, every time."""
+    about one run in four; the instance's wrapper reports its exit status on its stderr
+    (``REMOTE_WRAPPER``), so the root-cause line names it every time. Repeated."""
     done = poprun_on(
         clean_hosts,
         "--num-instances", "4", "--num-replicas", "4", "-H", "h1,h2",
@@ -268,9 +267,22 @@ def test_a_remote_exit_at_start_gets_its_code_and_a_report(clean_hosts: Hosts, r
     )  # fmt: skip
     assert done.returncode == 7, done.stdout
     assert "instance 3 is failing on purpose" in done.stdout
-    named = "poprun: instance 3 failed first: exit code 7 (host h2, pid "
-    unnamed = "poprun: an instance on another host failed first with exit code 7"
-    assert named in done.stdout or unnamed in done.stdout, done.stdout
+    assert "poprun: instance 3 failed first: exit code 7 (host h2, pid " in done.stdout, done.stdout
+    assert "poprun-exit" not in done.stdout  # the status line is data, never shown
+    report = done.stdout[done.stdout.index("poprun: instance 3 failed first") :]
+    assert "    instance 3 is failing on purpose" in report  # its stderr tail, the line's not
+
+
+@pytest.mark.parametrize("run", range(2))
+def test_a_remote_instance_killed_by_a_signal_is_named(clean_hosts: Hosts, run: int) -> None:
+    """The wrapper re-raises the program's signal: mpirun and poprun see the same ending."""
+    done = poprun_on(
+        clean_hosts,
+        "--num-instances", "4", "--num-replicas", "4", "-H", "h1,h2",
+        "/bin/sh", str(BIN / "fail_one.sh"), "2", "kill",
+    )  # fmt: skip
+    assert done.returncode == 137, done.stdout
+    assert "poprun: instance 2 failed first: killed by signal 9 (SIGKILL) (host h2" in done.stdout
 
 
 def test_an_unreachable_host_is_named_in_one_line(clean_hosts: Hosts, tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from poprun.config import run_config as cfg
-from poprun.plan.mpirun import WRAPPER, build_argv, mca_from_environment
+from poprun.plan.mpirun import REMOTE_WRAPPER, WRAPPER, build_argv, mca_from_environment
 from poprun.plan.topology import plan, spread_numa
 
 pytestmark = pytest.mark.unit
@@ -145,8 +145,16 @@ def test_eight_replicas_on_four_instances_over_two_host_ranges() -> None:
             expected.append(":")
         expected += ["-np", "1", "-H", f"{host}:2", *FORWARD]
         expected += _ctx(**_values(8, 2, 4, i, i % 2, 2, host))
-        expected += [*WRAPPER, "/bin/true"]
+        expected += [*REMOTE_WRAPPER, "/bin/true"]  # other hosts: the exit status wrapper
     assert argv == expected
+
+
+def test_only_instances_on_other_hosts_get_the_exit_status_wrapper() -> None:
+    config = _config(num_replicas="2", num_instances="2", host=["localhost,node1"])
+    argv = _argv(config, local_cpus=4)
+    wrappers = [argv[i : i + 4] for i, arg in enumerate(argv) if arg == "/bin/sh"]
+    assert wrappers == [list(WRAPPER), list(REMOTE_WRAPPER)]
+    assert argv[-1] == "/bin/true" and argv[-2] == REMOTE_WRAPPER[-1]
 
 
 def test_every_context_forwards_the_environment_by_name() -> None:

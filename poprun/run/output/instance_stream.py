@@ -4,8 +4,9 @@
 a UTF-8 character split across writes is never cut: neither byte occurs inside one);
 :class:`InstanceStream` gives the console PopRun's prefix ``[1,<instance>]<stdout>:`` on
 every line, copies the bytes to ``--output-dir``, keeps the stderr tail for the failure
-report and takes out two kinds of data lines: the instance's pid (its first line) and its
-structured error record.
+report and takes out three kinds of data lines: the instance's pid (its first line), its
+structured error record and, from an instance on another host, its exit status (its wrapper's
+last line, :data:`~poprun.plan.mpirun.EXIT_MARKER`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from popdist.error_record import MARKER
-from poprun.plan.mpirun import PID_MARKER
+from poprun.plan.mpirun import EXIT_MARKER, PID_MARKER
 
 _TRACEBACK = b"Traceback (most recent call last):"
 #: How many of an instance's last stderr lines the failure report quotes...
@@ -29,6 +30,8 @@ TAIL_LINE_BYTES = 4096
 #: prefix), as mpirun forwards it: poprun's memory stays bounded whatever the program writes.
 OPEN_LINE_BYTES = 1 << 16
 RECORD_MARKER = MARKER.encode()
+#: What the error record's and the exit status's markers start with (one search per chunk).
+DATA_MARKER = b"\x1fpop"
 
 
 def prefix(instance: int, kind: str) -> bytes:
@@ -121,6 +124,8 @@ class InstanceStream:
     #: Called with each structured error record line (``popdist.error_record``), which is
     #: then neither shown, nor kept in the tail, nor written to the file.
     on_record: Callable[[int, bytes], None] | None = None
+    #: Called with the exit status line of an instance on another host, taken out likewise.
+    on_exit: Callable[[int, bytes], None] | None = None
     splitter: LineSplitter = field(default_factory=LineSplitter)
     tail: collections.deque[bytes] = field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES)
@@ -180,9 +185,8 @@ class InstanceStream:
         ``raw``: what the file gets instead of ``text`` (the last line, without the newline
         added for the console).
         """
-        if self.on_record is not None and RECORD_MARKER in text:
-            kept = [line for line in text.splitlines(keepends=True) if not self._is_record(line)]
-            text = b"".join(kept)
+        if (self.on_record is not None or self.on_exit is not None) and DATA_MARKER in text:
+            text = self._take_data(text)
             if not text:
                 return
             raw = None
@@ -236,12 +240,25 @@ class InstanceStream:
         ):
             self.traceback_at = time.monotonic()
 
-    def _is_record(self, line: bytes) -> bool:
-        """Hand a structured error record line to ``on_record`` (it is data, not output)."""
-        if not line.startswith(RECORD_MARKER) or self.on_record is None:
-            return False
-        self.on_record(self.instance, line)
-        return True
+    def _take_data(self, text: bytes) -> bytes:
+        """``text`` less its data lines, each handed to its callback (data, not output).
+
+        The exit status follows the program's last byte: after a last line without a newline
+        it ends that line, which keeps its text (with a newline, as at the end of a stream).
+        """
+        kept = []
+        for line in text.splitlines(keepends=True):
+            cut = line.find(EXIT_MARKER) if self.on_exit is not None else -1
+            if cut > 0:
+                kept.append(line[:cut] + b"\n")
+                line = line[cut:]
+            if line.startswith(RECORD_MARKER) and self.on_record is not None:
+                self.on_record(self.instance, line)
+            elif line.startswith(EXIT_MARKER) and self.on_exit is not None:
+                self.on_exit(self.instance, line)
+            else:
+                kept.append(line)
+        return b"".join(kept)
 
     def _strip_marker(self, data: bytes) -> bytes:
         pending = (self._marker_pending or b"") + data

@@ -1,10 +1,11 @@
-"""Everything one job writes, routed: instance streams, their pids and error records, mpirun's text.
+"""Everything one job writes, routed: instance streams, their pids and records, mpirun's text.
 
 The supervisor feeds it the demultiplexed output of mpirun's pipes; it owns each instance's
 :class:`~poprun.run.output.instance_stream.InstanceStream` (console, ``--output-dir`` file, stderr tail), learns
 each instance's pid from its first stderr line, collects the structured error records
-instances write, and recognises mpirun's own failure notes. At the end it gives the
-ending policy's evidence its per-instance part (:meth:`JobOutput.results`).
+instances write, hands on the exit status of each instance on another host (its wrapper's
+last line) and recognises mpirun's own failure notes. At the end it gives the ending
+policy's evidence its per-instance part (:meth:`JobOutput.results`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import BinaryIO
 from poprun import log
 from poprun.config.run_config import RunConfig
 from poprun.plan.topology import Topology
-from poprun.run.evidence import ErrorRecord, MpirunMessages
+from poprun.run.evidence import ErrorRecord, ExitRecord, MpirunMessages
 from poprun.run.output.instance_stream import InstanceStream, open_output_file
 from poprun.run.verdict import InstanceResult
 
@@ -33,6 +34,7 @@ class JobOutput:
         *,
         on_pid: Callable[[int, int], None],
         on_abort: Callable[[], None],
+        on_exit: Callable[[int, ExitRecord], None] = lambda instance, record: None,
         append: bool = False,
     ) -> None:
         self.config = config
@@ -44,6 +46,8 @@ class JobOutput:
         self._files: list[BinaryIO] = []
         self._on_pid = on_pid
         self._on_abort = on_abort
+        self._on_exit = on_exit
+        self._exited: set[int] = set()  # instances whose exit status came
         self._append = append  # a restart adds to the files of the attempt before
         self._aborting = False
 
@@ -78,6 +82,7 @@ class JobOutput:
                 file,
                 on_pid=self._pid if stderr else None,
                 on_record=self._record if stderr else None,
+                on_exit=self._exit if stderr else None,
             )
             self.streams[key] = stream
         return stream
@@ -106,6 +111,13 @@ class JobOutput:
         if record is not None and instance not in self.records:
             log.debug(f"instance {instance} raised {record.type}")
             self.records[instance] = (time.monotonic(), record)
+
+    def _exit(self, instance: int, line: bytes) -> None:
+        record = ExitRecord.from_line(line)
+        if record is not None and instance not in self._exited:
+            self._exited.add(instance)
+            log.debug(f"instance {instance} ended with status {record.returncode}")
+            self._on_exit(instance, record)
 
     def close(self) -> None:
         """End of the job: flush every stream and the console, close the files."""
