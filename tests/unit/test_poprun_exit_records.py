@@ -11,7 +11,7 @@ import pytest
 from poprun.config.run_config import RunConfig
 from poprun.plan.mpirun import EXIT_MARKER, REMOTE_WRAPPER, WRAPPER
 from poprun.plan.topology import plan
-from poprun.run.ending import Do, EndingPolicy, Evidence
+from poprun.run.ending import Action, Do, EndingPolicy, Evidence
 from poprun.run.evidence import ExitRecord, Failure
 from poprun.run.output.instance_stream import InstanceStream
 from poprun.run.output.router import JobOutput
@@ -84,8 +84,8 @@ def test_the_exit_line_is_taken_out_of_console_file_and_tail(size: int) -> None:
     stream = InstanceStream(
         3,
         "stderr",
-        console,  # type: ignore[arg-type]
-        copy,  # type: ignore[arg-type]
+        console,
+        copy,
         on_pid=lambda i, p: None,
         on_exit=lambda i, line: seen.append((i, line)),
     )
@@ -102,7 +102,7 @@ def test_the_exit_line_is_taken_out_of_console_file_and_tail(size: int) -> None:
 def test_an_exit_line_after_a_last_line_without_newline_ends_that_line() -> None:
     console = io.BytesIO()
     seen: list[bytes] = []
-    stream = InstanceStream(1, "stderr", console, on_exit=lambda i, line: seen.append(line))  # type: ignore[arg-type]
+    stream = InstanceStream(1, "stderr", console, on_exit=lambda i, line: seen.append(line))
     stream.feed(b"no newline")
     stream.feed(b"\x1fpoprun-exit=2\n")
     stream.close()
@@ -113,7 +113,7 @@ def test_an_exit_line_after_a_last_line_without_newline_ends_that_line() -> None
 
 def test_stdout_keeps_text_that_looks_like_an_exit_line() -> None:
     console = io.BytesIO()
-    stream = InstanceStream(0, "stdout", console)  # type: ignore[arg-type]
+    stream = InstanceStream(0, "stdout", console)
     stream.feed(b"\x1fpoprun-exit=7\n")
     stream.close()
     assert console.getvalue() == b"[1,0]<stdout>:\x1fpoprun-exit=7\n"
@@ -218,5 +218,5 @@ def test_an_instance_that_raised_takes_its_own_status_from_its_record() -> None:
     assert root_cause(result) == Failure(3, exit_code=2)
 
 
-def _dos(actions: list[object]) -> list[Do]:
-    return [a.do for a in actions]  # type: ignore[attr-defined]
+def _dos(actions: list[Action]) -> list[Do]:
+    return [a.do for a in actions]
