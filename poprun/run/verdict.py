@@ -107,7 +107,8 @@ def _decide(result: RunResult) -> tuple[int, str]:
         )
     if result.returncode > 0 and result.mpirun_failure is None and result.remote:
         # mpirun aborted without naming the process (it leaves the note out when an instance
-        # fails before all have started), and the instances here are not it.
+        # fails before all have started), no instance there reported its status (its wrapper
+        # was killed), and the instances here are not it.
         where = ", ".join(f"{i} ({result.instances[i].host})" for i in result.remote)
         return result.returncode, (
             f"poprun: an instance on another host failed first with exit code "
