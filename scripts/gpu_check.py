@@ -74,7 +74,7 @@ def worker(kind: str, args: argparse.Namespace) -> None:
         from popdist_torch.execution.reducer import GradientReducer
 
         popdist.init()
-        backend = popdist.collectives.for_run()
+        backend = popdist.collectives.started()  # the torch backend, even for 1 rank
         group = getattr(backend, "process_group_backend", None)
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         t = torch.full((4,), 2.0, device=device)

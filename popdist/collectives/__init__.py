@@ -21,6 +21,7 @@ from popdist.collectives.lifecycle import (
     for_run,
     init,
     is_initialized,
+    started,
 )
 from popdist.collectives.registry import LOCAL, REGISTRY, BackendSpec, Capabilities, spec
 
@@ -37,4 +38,5 @@ __all__ = [
     "init",
     "is_initialized",
     "spec",
+    "started",
 ]

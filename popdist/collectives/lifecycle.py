@@ -36,6 +36,7 @@ __all__ = [
     "for_run",
     "init",
     "is_initialized",
+    "started",
 ]
 
 
@@ -132,6 +133,18 @@ def for_run(num_processes: int | None = None) -> Collectives:
     """
     if _choice(num_processes) == LOCAL:
         return _object(LOCAL)
+    init()
+    assert _Run.started is not None
+    return _Run.started
+
+
+def started() -> Collectives:
+    """The backend :func:`init` started (started now if it is not yet), whatever the run's size.
+
+    For a script's own collectives after ``popdist.init()``: unlike :func:`for_run`, a
+    one-process run gets the chosen backend itself (Horovod, or torch.distributed's process
+    group), not the local null backend.
+    """
     init()
     assert _Run.started is not None
     return _Run.started

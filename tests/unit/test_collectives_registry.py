@@ -221,6 +221,14 @@ def test_an_explicit_init_in_one_process_still_starts_the_chosen_backend(
         popdist.init()  # not restartable, as declared
 
 
+def test_started_is_the_chosen_backend_even_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script's own collectives after popdist.init() (scripts/gpu_check.py) get the backend."""
+    _fake_horovod(monkeypatch, restartable=True)
+    assert collectives.started().name == "horovod"  # started on demand
+    assert popdist.isBackendInitialized() and collectives.for_run().name == LOCAL
+    popdist.finalizeBackend()
+
+
 def test_a_restartable_backend_starts_again_after_finalize(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_horovod(monkeypatch, restartable=True)
     popdist.init()
