@@ -241,9 +241,7 @@ class IPUStrategy(ParallelStrategy):
             return self._run("predict_step", args, kwargs)
 
     # -- collectives (on the run's backend: popdist_lightning.collectives) ---------------------
-    def reduce(
-        self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean"
-    ) -> Any:
+    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
         """Reduce ``tensor`` across instances (``mean`` by default; ``sum``, ``max``, ``min``)."""
         return collectives.reduce(tensor, reduce_op)
 
