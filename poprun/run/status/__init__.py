@@ -1,0 +1,8 @@
+"""What poprun tells about a running job's progress, from the instances' figures.
+
+``stragglers`` (pure: the per-instance table printed at the end of a multi-instance run and
+on the summary signal, and which instance held the others up), ``metrics`` (pure: the
+figures as Prometheus metric families and as JSON), ``server`` (``--status-port``: the
+HTTP endpoint, on a daemon thread). The figures themselves come from the progress board
+(:mod:`poprun.run.progress`), which the instances' progress records fill.
+"""

@@ -1,0 +1,127 @@
+"""What the status views read of one instance's progress, and the figures derived from it.
+
+The progress board (:mod:`poprun.run.progress`) keeps one record per instance; the views
+(the straggler table, the Prometheus metrics, the JSON) read only the fields named by
+:class:`Figures`, so they are tested with made-up records and never depend on how the
+board is filled. The derived figures are defined once here, so the table, ``/metrics`` and
+``/status`` never disagree on what "waiting share" or "samples/s" means:
+
+- *busy time*: steps × mean step time, the time the instance spent in its steps;
+- *waiting share*: the part of that time spent waiting in collectives (the instance had
+  finished its own work and waited for its peers, or for the reduction itself);
+- *own work per step*: mean step time less the waiting per step: what this instance itself
+  costs a step. In a data-parallel job every instance steps at the pace of the slowest, so
+  step times are alike and the straggler shows as the one with the most own work and the
+  least waiting.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Call(Protocol):
+    """A collective an instance has started and not yet finished."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def started(self) -> float: ...
+
+
+class Figures(Protocol):
+    """One instance's progress as the board last heard it (times: poprun's monotonic clock)."""
+
+    @property
+    def instance(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def step_time_s(self) -> float: ...
+    @property
+    def wait_s(self) -> float: ...
+    @property
+    def collectives(self) -> int: ...
+    @property
+    def bytes_reduced(self) -> int: ...
+    @property
+    def rss_bytes(self) -> int: ...
+    @property
+    def rss_peak_bytes(self) -> int: ...
+    @property
+    def last_progress(self) -> float: ...
+    @property
+    def pending(self) -> Call | None: ...
+
+
+def busy_s(figures: Figures) -> float:
+    """Seconds spent in steps (0 before the first step)."""
+    return figures.steps * figures.step_time_s if figures.steps > 0 else 0.0
+
+
+def wait_share(figures: Figures) -> float | None:
+    """The share of the busy time spent waiting in collectives, 0..1; None before a step.
+
+    Waiting outside steps (the first broadcast, say) counts against the steps' time, so the
+    share is capped at 1.
+    """
+    busy = busy_s(figures)
+    if busy <= 0:
+        return None
+    return min(1.0, max(0.0, figures.wait_s / busy))
+
+
+def own_work_s(figures: Figures) -> float | None:
+    """Mean seconds of a step this instance spent on its own work (not waiting); None
+    before a step."""
+    if figures.steps <= 0:
+        return None
+    return max(0.0, figures.step_time_s - figures.wait_s / figures.steps)
+
+
+def samples_per_s(figures: Figures) -> float | None:
+    """Samples per second at the mean step time; None before a step or without samples."""
+    if figures.steps <= 0 or figures.step_time_s <= 0 or figures.samples <= 0:
+        return None
+    return figures.samples / figures.steps / figures.step_time_s
+
+
+def progress_age_s(figures: Figures, now: float) -> float:
+    """Seconds since the instance last made progress (poprun's monotonic clock)."""
+    return max(0.0, now - figures.last_progress)
+
+
+def reported(figures: list[Figures]) -> bool:
+    """Whether any instance has reported progress (a step or a collective)."""
+    return any(f.steps > 0 or f.collectives > 0 for f in figures)
+
+
+def size(nbytes: int) -> str:
+    """``nbytes`` for a reader: 512 B, 3.0 KiB, 312 MiB, 1.25 GiB."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            if unit == "B":
+                return f"{int(value)} B"
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def seconds(value: float) -> str:
+    """A duration for a reader: 850 µs, 41.2 ms, 3.20 s, 95 s."""
+    if value < 1e-3:
+        return f"{value * 1e6:.0f} µs"
+    if value < 1:
+        return f"{value * 1e3:.3g} ms"
+    if value < 10:
+        return f"{value:.2f} s"
+    return f"{value:.0f} s"

@@ -1,0 +1,162 @@
+"""``--status-port``: the job's live figures over HTTP, served from a daemon thread.
+
+``GET /metrics`` answers Prometheus' text format (:mod:`poprun.run.status.metrics`),
+``GET /status`` (or ``/status.json``) the same figures as JSON. The socket is bound before
+anything is launched, so a port in use is a usage error (one line, exit 2, nothing
+launched); it listens on 127.0.0.1 unless ``--status-address`` says otherwise (the figures
+name hosts and paths of the job: not for the network by default).
+
+The server only reads: each request takes a snapshot of the progress board through the
+:class:`Live` view the supervisor keeps up to date (a relaunch points it at the new
+attempt's board). The thread is a daemon and :meth:`StatusServer.close` stops it and closes
+the socket, so neither a normal end nor an exception leaves it behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from poprun.errors import PoprunError
+from poprun.run.status.figures import Figures
+
+#: Requests a connection may take before the server gives up on it (a stuck scraper must
+#: not hold a thread forever).
+REQUEST_TIMEOUT_S = 10.0
+
+
+class Live:
+    """What the endpoint shows: the current attempt's board, its size and launch time."""
+
+    def __init__(self) -> None:
+        self._snapshot: Callable[[], Sequence[Figures]] | None = None
+        self.instances = 0
+        self.started: float | None = None
+
+    def attach(
+        self, snapshot: Callable[[], Sequence[Figures]], *, instances: int, started: float
+    ) -> None:
+        """From now on, show this board (a new attempt's, after a relaunch)."""
+        self._snapshot = snapshot
+        self.instances = instances
+        self.started = started
+
+    def read(self) -> tuple[Sequence[Figures], float, int, float]:
+        """(figures, now, instances, seconds since launch) at this moment."""
+        now = time.monotonic()
+        figures: Sequence[Figures] = ()
+        if self._snapshot is not None:
+            for _ in range(3):  # the board changes under us: a dict resized mid-copy
+                with contextlib.suppress(RuntimeError):
+                    figures = list(self._snapshot())
+                    break
+        running = now - self.started if self.started is not None else 0.0
+        return figures, now, self.instances, running
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    timeout = REQUEST_TIMEOUT_S
+
+    def do_GET(self) -> None:
+        from poprun.run.status import metrics
+
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        figures, now, instances, running = self.server.live.read()
+        if path == "/metrics":
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            body = metrics.text(figures, now, instances=instances, running_s=running)
+            self._send(200, CONTENT_TYPE_LATEST, body)
+        elif path in ("/status", "/status.json"):
+            data = metrics.status_json(figures, now, instances=instances, running_s=running)
+            self._send(200, "application/json", json.dumps(data).encode())
+        elif path == "/":
+            self._send(200, "text/plain; charset=utf-8", b"poprun: /metrics, /status\n")
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /status\n")
+
+    def _send(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        with contextlib.suppress(OSError):  # the client went away
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silent: poprun's stderr is the job's report, not an access log."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], live: Live) -> None:
+        self.live = live
+        if ":" in address[0]:  # an IPv6 address (``::1``)
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+
+class StatusServer:
+    """The endpoint, bound at construction, serving from :meth:`start` to :meth:`close`."""
+
+    def __init__(self, address: str, port: int) -> None:
+        self.live = Live()
+        try:
+            self._server = _Server((address, port), self.live)
+        except socket.gaierror as error:
+            raise PoprunError(
+                "--status-address",
+                address,
+                f"is not an address of this host ({error.strerror or error})",
+                "give an address such as 127.0.0.1 or 0.0.0.0, or leave it out",
+            ) from None
+        except OSError as error:
+            raise PoprunError(
+                "--status-port",
+                port,
+                f"cannot listen on {address}:{port} ({error.strerror or error})",
+                "choose another port, or 0 for a free one" if port else "check --status-address",
+            ) from None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        return str(self._server.server_address[0])
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one chosen, when asked for 0)."""
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> StatusServer:
+        """Serve from a daemon thread."""
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="poprun-status",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving and close the socket (idempotent)."""
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._server.server_close()

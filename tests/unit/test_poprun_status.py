@@ -1,0 +1,259 @@
+"""The status views (issue 27): the straggler table, the live summary, /metrics and /status,
+from made-up figures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+import pytest
+
+from poprun.run.status import metrics, stragglers
+from poprun.run.status.figures import own_work_s, samples_per_s, seconds, size, wait_share
+
+pytestmark = pytest.mark.unit
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Call:
+    seq: int
+    kind: str
+    name: str
+    nbytes: int = 0
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+    site: str = "train.py:10"
+    started: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fig:
+    instance: int
+    host: str = "localhost"
+    steps: int = 100
+    samples: int = 6400
+    step_time_s: float = 0.1
+    wait_s: float = 1.0
+    collectives: int = 300
+    bytes_reduced: int = 300 * MIB
+    rss_bytes: int = 200 * MIB
+    rss_peak_bytes: int = 250 * MIB
+    last_progress: float = 99.0
+    pending: Call | None = None
+
+
+def _job(slow_wait: float = 1.0, fast_wait: float = 5.0, n: int = 2) -> list[Fig]:
+    """Instance 1 is slow: it waits ``slow_wait`` s over 100 steps of 0.1 s; the others
+    wait ``fast_wait`` s."""
+    return [Fig(i, wait_s=slow_wait if i == 1 else fast_wait) for i in range(n)]
+
+
+def test_derived_figures() -> None:
+    f = Fig(0, steps=100, step_time_s=0.1, wait_s=4.0, samples=6400)
+    assert wait_share(f) == pytest.approx(0.4)
+    assert own_work_s(f) == pytest.approx(0.06)
+    assert samples_per_s(f) == pytest.approx(640.0)
+    assert wait_share(Fig(0, steps=0)) is None and own_work_s(Fig(0, steps=0)) is None
+    assert wait_share(Fig(0, wait_s=50.0)) == 1.0  # waiting outside steps: capped
+
+
+def test_human_units() -> None:
+    assert [size(512), size(3 * 1024), size(312 * MIB), size(5 << 30)] == [
+        "512 B",
+        "3 KiB",
+        "312 MiB",
+        "5 GiB",
+    ]
+    assert [seconds(0.0004), seconds(0.0412), seconds(3.2), seconds(95)] == [
+        "400 µs",
+        "41.2 ms",
+        "3.20 s",
+        "95 s",
+    ]
+
+
+def test_the_slowest_instance_and_its_cost() -> None:
+    found = stragglers.slowest(_job())
+    assert found is not None
+    assert (found.instance, found.host) == (1, "localhost")
+    assert found.own_s == pytest.approx(0.09) and found.others_own_s == pytest.approx(0.05)
+    assert found.cost_s == pytest.approx(4.0)  # instance 0 waited 5 s, the straggler 1 s
+    assert found.cost_per_step_s == pytest.approx(0.04)
+    assert found.cost_share == pytest.approx(0.4)
+    assert found.worth_naming
+
+
+def test_the_end_of_run_table_names_the_straggler() -> None:
+    text = stragglers.report(_job())
+    lines = text.splitlines()
+    assert (
+        lines[0] == "poprun: progress of the 2 instances (mean step time; waiting in collectives):"
+    )
+    assert lines[1].split() == [
+        "poprun:", "instance", "host", "steps", "step", "time", "own", "work", "waiting", "peak",
+        "RSS",
+    ]  # fmt: skip
+    assert lines[2].split() == [
+        "poprun:", "0", "localhost", "100", "100", "ms", "50", "ms", "50%", "(5.00", "s)", "250",
+        "MiB",
+    ]  # fmt: skip
+    assert lines[3].split()[1:6] == ["1", "localhost", "100", "100", "ms"]
+    assert lines[4] == (
+        "poprun: instance 1 (localhost) held the others up: 90 ms of its own work a step "
+        "against 50 ms for the others; they waited 40 ms a step for it (4.00 s in all, 40% "
+        "of their time)"
+    )
+    assert len(lines) == 5
+    widths = {len(line) for line in lines[1:4]}
+    assert len(widths) == 1  # aligned columns
+
+
+@pytest.mark.parametrize(
+    ("slow_wait", "fast_wait", "named"),
+    [
+        (1.0, 5.0, True),  # 90 vs 50 ms of own work a step, the other lost 40 % of its time
+        (0.0, 1.0, True),  # 100 vs 90 ms: 11 % more, 10 % lost
+        (0.0, 0.9, False),  # 100 vs 91 ms: 9.9 % more: within the noise of equal work
+        (4.6, 5.0, False),  # 54 vs 50 ms: 8 % more, 4 % lost
+        (5.0, 5.0, False),  # equal
+        (9.1, 9.5, False),  # 9 vs 5 ms: 80 % more, but only 4 % of the other's time lost
+    ],
+)
+def test_the_thresholds(slow_wait: float, fast_wait: float, named: bool) -> None:
+    found = stragglers.slowest(_job(slow_wait, fast_wait))
+    assert found is not None and found.instance == (1 if slow_wait < fast_wait else 0)
+    assert found.worth_naming is named
+    assert ("held the others up" in stragglers.report(_job(slow_wait, fast_wait))) is named
+
+
+def test_a_large_relative_spread_that_costs_little_is_not_named() -> None:
+    """Steps dominated by the reduction: 2 ms against 1 ms of own work, 1 % of a 100 ms step."""
+    job = [Fig(0, wait_s=9.9), Fig(1, wait_s=9.8)]
+    found = stragglers.slowest(job)
+    assert found is not None and found.spread == pytest.approx(1.0)
+    assert found.cost_share < stragglers.COST and not found.worth_naming
+
+
+def test_a_small_relative_spread_that_costs_little_is_not_named() -> None:
+    job = [Fig(0, wait_s=1.4), Fig(1, wait_s=1.0)]  # 86 vs 90 ms: 4.7 % more, 4 % lost
+    found = stragglers.slowest(job)
+    assert found is not None and not found.worth_naming
+    assert "held the others up" not in stragglers.report(job)
+
+
+def test_with_four_instances_the_cost_is_the_others_together() -> None:
+    job = [Fig(0, wait_s=5.0), Fig(1, wait_s=1.0), Fig(2, wait_s=6.0), Fig(3, wait_s=4.0)]
+    found = stragglers.slowest(job)
+    assert found is not None and found.instance == 1
+    assert found.cost_s == pytest.approx(4.0 + 5.0 + 3.0)
+    assert found.cost_per_step_s == pytest.approx(0.04)
+    assert found.cost_share == pytest.approx(12.0 / 30.0)
+    assert found.others_own_s == pytest.approx(0.05)
+
+
+def test_nothing_printed_for_one_instance_or_without_progress() -> None:
+    assert stragglers.report([Fig(0)]) == ""
+    assert stragglers.report([]) == ""
+    silent = [Fig(i, steps=0, collectives=0, wait_s=0.0) for i in range(2)]
+    assert stragglers.report(silent) == ""
+
+
+def test_collectives_without_steps_give_a_table_without_step_figures() -> None:
+    job = [Fig(i, steps=0, collectives=4, wait_s=0.5) for i in range(2)]
+    lines = stragglers.report(job).splitlines()
+    assert len(lines) == 4  # title, header, two rows; no straggler without steps
+    assert lines[2].split()[1:] == ["0", "localhost", "0", "-", "-", "500", "ms", "250", "MiB"]
+
+
+def test_the_live_summary() -> None:
+    job = [
+        Fig(0, wait_s=5.0, last_progress=98.0, pending=Call(301, "allreduce", "grads.0", started=97.5)),
+        Fig(1, wait_s=1.0, last_progress=90.0),
+    ]  # fmt: skip
+    text = stragglers.summary(job, now=100.0, instances=2, running_s=42.0)
+    lines = text.splitlines()
+    assert lines[0] == "poprun: status after 42 s, 2 instances:"
+    assert lines[1].split()[-2:] == ["last", "progress"]
+    assert lines[2].split()[-3:] == ["2.00", "s", "ago"]
+    assert lines[3].split()[-3:] == ["10", "s", "ago"]
+    assert lines[4] == "poprun: instance 0 is in collective #301 allreduce 'grads.0' for 2.50 s"
+    assert lines[5].startswith("poprun: instance 1 (localhost) held the others up")
+
+
+def test_the_live_summary_before_any_progress() -> None:
+    text = stragglers.summary([], now=5.0, instances=1, running_s=1.5)
+    assert text == "poprun: status after 1.50 s, 1 instance: no progress reported yet"
+
+
+def _samples(text: str) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.labels.get("instance", "")
+            out[(sample.name, key)] = sample.value
+    return out
+
+
+def test_prometheus_text_has_a_series_per_instance() -> None:
+    job = [
+        Fig(0, wait_s=5.0, pending=Call(7, "allreduce", 'a "quoted" name', started=98.0)),
+        Fig(1, host="node1", wait_s=1.0, steps=0, samples=0),
+    ]
+    body = metrics.text(job, 100.0, instances=2, running_s=12.5).decode()
+    got = _samples(body)
+    assert got[("poprun_job_instances", "")] == 2
+    assert got[("poprun_job_running_seconds", "")] == 12.5
+    assert got[("poprun_instance_steps_total", "0")] == 100
+    assert got[("poprun_instance_steps_total", "1")] == 0
+    assert got[("poprun_instance_samples_per_second", "0")] == pytest.approx(640.0)
+    assert ("poprun_instance_samples_per_second", "1") not in got  # no step yet
+    assert got[("poprun_instance_collectives_total", "1")] == 300
+    assert got[("poprun_instance_reduced_bytes_total", "0")] == 300 * MIB
+    assert got[("poprun_instance_collective_wait_seconds_total", "0")] == 5.0
+    assert got[("poprun_instance_resident_memory_bytes", "1")] == 200 * MIB
+    assert got[("poprun_instance_last_progress_age_seconds", "0")] == 1.0
+    assert got[("poprun_instance_pending_collective_seconds", "0")] == 2.0
+    assert ("poprun_instance_pending_collective_seconds", "1") not in got
+    assert 'host="node1"' in body
+    assert 'name="a \\"quoted\\" name"' in body  # the library escapes label values
+    from prometheus_client.parser import text_string_to_metric_families
+
+    types = {family.name: family.type for family in text_string_to_metric_families(body)}
+    assert types["poprun_instance_steps"] == "counter"
+    assert types["poprun_instance_resident_memory_bytes"] == "gauge"
+
+
+def test_status_json_has_the_same_figures() -> None:
+    job = [Fig(0, pending=Call(7, "broadcast", "params", started=99.0)), Fig(1, wait_s=4.0)]
+    data = json.loads(json.dumps(metrics.status_json(job, 100.0, instances=2, running_s=3.0)))
+    assert data["instances"] == 2 and data["running_s"] == 3.0
+    first, second = data["progress"]
+    assert first["instance"] == 0 and first["pending"] == {
+        "seq": 7,
+        "kind": "broadcast",
+        "name": "params",
+        "for_s": 1.0,
+    }
+    assert second["wait_share"] == pytest.approx(0.4) and second["pending"] is None
+    assert second["samples_per_s"] == pytest.approx(640.0)
+    assert first["last_progress_age_s"] == 1.0
+    assert set(first) >= {
+        "steps", "samples", "collectives", "bytes_reduced", "wait_s", "rss_bytes",
+        "rss_peak_bytes", "step_time_s",
+    }  # fmt: skip
+
+
+def test_a_relaunch_shows_the_new_attempt() -> None:
+    from poprun.run.status.server import Live
+
+    live = Live()
+    assert live.read()[0] == () and live.read()[2] == 0
+    live.attach(lambda: [Fig(0)], instances=1, started=0.0)
+    assert [f.instance for f in live.read()[0]] == [0]
+    live.attach(lambda: [Fig(0), replace(Fig(1), steps=3)], instances=2, started=0.0)
+    figures, _, instances, _ = live.read()
+    assert instances == 2 and [f.steps for f in figures] == [100, 3]
