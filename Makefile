@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORUN  := $(VENV)/bin/poprun
 
-.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-multihost lint bench gpu-check clean
+.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-multihost test-slurm lint bench gpu-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -29,6 +29,10 @@ test-lightning: setup
 test-multihost: setup
 	@$(PY) -m tests.multihost.hosts check || true
 	$(PY) -m pytest tests/multihost -q -rs
+
+test-slurm: setup
+	@PYTHONPATH=$(CURDIR) $(PY) -m tests.support.slurm_cluster check || true
+	$(PY) -m pytest tests/slurm -q -rs
 
 lint: setup
 	$(VENV)/bin/ruff check poprun popdist popdist_torch popdist_lightning tests examples benchmarks

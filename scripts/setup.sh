@@ -3,7 +3,8 @@
 #   Open MPI (Debian packages), .venv (Python 3.11) with torch 2.13.0 (CPU) and the
 #   project in editable mode with its extras (examples, dev, lightning), and Horovod
 #   0.28.1 built from its sdist with the C++17 patch into a wheel cached outside the
-#   repository; as root, openssh-server and iproute2 for the multi-host test tier.
+#   repository; as root, openssh-server and iproute2 for the multi-host test tier and
+#   Slurm (slurm-wlm: slurmctld, slurmd and the clients) for the Slurm test tier.
 # A second run only checks: it takes seconds and rebuilds nothing.
 set -euo pipefail
 
@@ -25,6 +26,16 @@ vpip() {
     "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+# apt-get install, quiet and non-interactive; the package lists are updated once per run.
+APT_UPDATED=0
+apt_install() {
+    export DEBIAN_FRONTEND=noninteractive
+    if [ "$APT_UPDATED" = 0 ]; then
+        apt-get update -qq
+        APT_UPDATED=1
+    fi
+    apt-get install -y -qq "$@" >/dev/null
+}
 
 # --- 1. Open MPI -------------------------------------------------------------------
 ensure_mpi() {
@@ -36,9 +47,7 @@ ensure_mpi() {
         die "Open MPI is missing; install it with: sudo sh -c '$cmd'"
     fi
     log "installing Open MPI: $cmd"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+    apt_install openmpi-bin libopenmpi-dev
 }
 
 # --- 1b. sshd and ip, for the multi-host test tier (tests/multihost) --------------------
@@ -55,9 +64,25 @@ ensure_multihost_tools() {
         return
     fi
     log "installing ${missing[*]} for the multi-host test tier"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    apt_install "${missing[@]}"
+}
+
+# --- 1c. Slurm, for the Slurm test tier (tests/slurm) ------------------------------------
+# The tier starts its own two-node cluster (slurmctld + two slurmd) on this machine; the
+# daemons are not enabled as services. Without root nothing is installed and the tier says
+# why it skips.
+ensure_slurm() {
+    local have=1 name
+    for name in slurmctld slurmd sinfo salloc sbatch srun scontrol; do
+        command -v "$name" >/dev/null 2>&1 || [ -x "/usr/sbin/$name" ] || have=0
+    done
+    [ "$have" = 1 ] && return
+    if [ "$(id -u)" != 0 ]; then
+        log "not root: the Slurm test tier will be skipped (it needs slurm-wlm and root)"
+        return
+    fi
+    log "installing slurm-wlm for the Slurm test tier"
+    apt_install slurm-wlm
 }
 
 # --- 2. Python environment ---------------------------------------------------------
@@ -109,9 +134,7 @@ ensure_build_tools() {
     local cmd="apt-get update && apt-get install -y ${missing[*]}"
     [ "$(id -u)" = 0 ] || die "building Horovod needs ${missing[*]}; install with: sudo sh -c '$cmd'"
     log "installing build tools: $cmd"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    apt_install "${missing[@]}"
 }
 
 build_horovod_wheel() {
@@ -170,6 +193,7 @@ ensure_horovod() {
 VERSIONS=""
 ensure_mpi
 ensure_multihost_tools
+ensure_slurm
 ensure_venv
 ensure_horovod
 log "ready: $VERSIONS, $(mpirun --version | head -1)"

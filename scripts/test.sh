@@ -5,6 +5,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
 # The multi-host tier (tests/multihost) needs root, ip netns and sshd: say up front whether it runs.
 PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.multihost.hosts check || true
+# The Slurm tier (tests/slurm) needs root and slurm-wlm: say up front whether it runs.
+PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.support.slurm_cluster check || true
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
