@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from poprun.config.run_config import RunConfig
     from poprun.plan.topology import Topology
     from poprun.run.signals import SignalInbox
+    from poprun.run.status.server import StatusServer
 
 
 def run(
@@ -111,21 +112,40 @@ def _launch(
     env: dict[str, str],
     inbox: SignalInbox,
 ) -> int:
-    """The ssh check (its connections kept for mpirun), then the supervised job."""
+    """The status endpoint (bound first: a port in use is a usage error, nothing launched),
+    the ssh check (its connections kept for mpirun), then the supervised job."""
     from poprun.plan.hosts import is_local
     from poprun.run.supervisor import supervise
 
+    status = _status_server(config)
     remote = [host for host in topology.hosts if not is_local(host)]
     shared = None
-    if remote and config.ssh_check:
-        from poprun.run import ssh_check
-
-        shared = ssh_check.check(remote, config.global_args(), env)
     try:
-        return supervise(config, topology, argv, {**env, **(shared.env() if shared else {})}, inbox)
+        if remote and config.ssh_check:
+            from poprun.run import ssh_check
+
+            shared = ssh_check.check(remote, config.global_args(), env)
+        merged = {**env, **(shared.env() if shared else {})}
+        return supervise(config, topology, argv, merged, inbox, status=status)
     finally:
         if shared is not None:
             shared.close()
+        if status is not None:
+            status.close()
+
+
+def _status_server(config: RunConfig) -> StatusServer | None:
+    """``--status-port``: the endpoint, listening and serving; its address on stderr."""
+    if config.status_port is None:
+        return None
+    from poprun.run.status.server import StatusServer
+
+    server = StatusServer(config.status_address or "127.0.0.1", config.status_port).start()
+    sys.stderr.write(
+        f"poprun: status on {server.url}/metrics (Prometheus) and {server.url}/status\n"
+    )
+    sys.stderr.flush()
+    return server
 
 
 def _configure(

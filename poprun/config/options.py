@@ -145,6 +145,14 @@ def parse_seconds(option: str, value: object) -> float:
     return seconds
 
 
+def parse_port(option: str, value: object) -> int:
+    """A TCP port, 0 to 65535 (0: the system picks a free one)."""
+    port = parse_count(option, value, minimum=0)
+    if port > 65535:
+        raise PoprunError(option, value, "is not a TCP port", f"give {option} 0 to 65535")
+    return port
+
+
 def parse_directory(option: str, value: object) -> str:
     """A directory path (it may not exist yet, but must not be a file)."""
     path = parse_text(option, value)
@@ -342,6 +350,21 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         "relaunch the whole job up to N times after an instance fails (resume from a checkpoint)",
         attribute="max_restarts",
+    ),
+    Option(
+        "status_port",
+        parse_port,
+        "PORT",
+        "serve the job's live figures on http://127.0.0.1:PORT/metrics (Prometheus) and "
+        "/status (JSON); 0 picks a free port",
+        attribute="status_port",
+    ),
+    Option(
+        "status_address",
+        parse_text,
+        "ADDRESS",
+        "the address --status-port listens on [127.0.0.1]",
+        attribute="status_address",
     ),
     _yes_no("allow_run_as_root", "let mpirun run as root"),
     _yes_no(

@@ -58,6 +58,9 @@ class RunConfig:
     host_subnet: str | None = None
     timeout: float | None = None
     max_restarts: int = 0
+    #: ``--status-port``: the live figures' HTTP port (0: a free one), on ``status_address``.
+    status_port: int | None = None
+    status_address: str | None = None
     allow_run_as_root: bool = False
     use_default_allocator: bool = False
     #: Check that every remote host answers ssh before launching (``--ssh-check``).
@@ -273,6 +276,13 @@ def build(
         check_mpi_args("--instance-mpi-local-args", words)
     if values.get("output_dir") is not None:
         check_output_dir("--output-dir", values["output_dir"], num_instances)
+    if values.get("status_address") is not None and values.get("status_port") is None:
+        raise PoprunError(
+            "--status-address",
+            values["status_address"],
+            "has nothing to serve without --status-port",
+            "add --status-port PORT (0 picks a free port), or leave --status-address out",
+        )
     # Remote-only runs cannot check the program here; the hosts must mirror local paths.
     if (require_program or program) and (not program or not hosts or any(map(is_local, hosts))):
         _check_program(program, environ)

@@ -11,12 +11,18 @@ close to another, can end poprun by a signal instead of an exit code.
 
 The handlers change process-wide state; :meth:`SignalInbox.restore` puts back the previous
 handlers and wake-up descriptor (``main`` does so when called in-process, on every path).
+
+The summary signals (:func:`summary_signals`: SIGUSR2, and SIGUSR1 outside a Slurm job) ask
+for the live per-instance summary, Ctrl-T style: recorded as a count the supervisor reads,
+never forwarded, never an interruption. They are installed with the others, first thing,
+so one that arrives early cannot end poprun by its default action.
 """
 
 from __future__ import annotations
 
+import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -26,6 +32,19 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 JOB_CONTROL = (signal.SIGTSTP, signal.SIGCONT)
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+def summary_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
+    """The signals that ask poprun for the live summary.
+
+    SIGUSR2 always. SIGUSR1 (what ``kill -USR1`` users reach for, BSD's Ctrl-T being
+    SIGINFO, which Linux lacks) only outside a Slurm job: inside one, ``sbatch
+    --signal=B:USR1@N`` is the time-limit notice, which must never be taken for a request
+    to print.
+    """
+    if environ.get("SLURM_JOB_ID"):
+        return (signal.SIGUSR2,)
+    return (signal.SIGUSR1, signal.SIGUSR2)
 
 
 class Interrupted(BaseException):
@@ -47,16 +66,22 @@ class SignalInbox:
         self.received: list[int] = []
         #: Job-control signals not yet handled by the supervisor.
         self.job_control: list[int] = []
+        #: Summary requests received (the supervisor prints one for each it has not yet).
+        self.summaries = 0
         #: Raise :class:`Interrupted` at the first signal (before the job is launched).
         self.interrupting = True
         self._previous: dict[int, Handler] = {}
         self._previous_wakeup: int | None = None
 
     def install(self) -> SignalInbox:
-        """Record SIGINT/SIGTERM/SIGHUP from now on; remember the handlers they replace."""
+        """Record SIGINT/SIGTERM/SIGHUP and the summary requests from now on; remember the
+        handlers they replace."""
         for sig in FORWARDED:
             self._previous.setdefault(sig, signal.getsignal(sig))
             signal.signal(sig, self._on_signal)
+        for sig in summary_signals(os.environ):
+            self._previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, self._on_summary)
         return self
 
     def watch_job_control(self, wake_fd: int) -> None:
@@ -96,3 +121,6 @@ class SignalInbox:
 
     def _on_job_control(self, signum: int, frame: FrameType | None) -> None:
         self.job_control.append(signum)
+
+    def _on_summary(self, signum: int, frame: FrameType | None) -> None:
+        self.summaries += 1

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from poprun import log
 from poprun.config.run_config import RunConfig
@@ -36,6 +36,9 @@ from poprun.run.output.router import JobOutput
 from poprun.run.output.tags import TagDemux
 from poprun.run.processes import JobProcesses
 from poprun.run.signals import SignalInbox
+
+if TYPE_CHECKING:
+    from poprun.run.status.server import StatusServer
 
 PR_SET_PDEATHSIG = 1
 
@@ -54,8 +57,12 @@ def supervise(
     argv: Sequence[str],
     env: Mapping[str, str],
     inbox: SignalInbox,
+    *,
+    status: StatusServer | None = None,
 ) -> int:
     """Run the job, print the report the ending policy gives, return the exit code.
+
+    ``status``: the ``--status-port`` endpoint, pointed at each attempt's progress.
 
     With ``--max-restarts N``, the policy launches a job that failed (not one ended by a
     signal poprun received, nor by ``--timeout``) again, up to N times; the program resumes

@@ -257,3 +257,33 @@ def test_a_relaunch_shows_the_new_attempt() -> None:
     live.attach(lambda: [Fig(0), replace(Fig(1), steps=3)], instances=2, started=0.0)
     figures, _, instances, _ = live.read()
     assert instances == 2 and [f.steps for f in figures] == [100, 3]
+
+
+def test_summary_signals_outside_and_inside_slurm() -> None:
+    import signal
+
+    from poprun.run.signals import summary_signals
+
+    assert summary_signals({}) == (signal.SIGUSR1, signal.SIGUSR2)
+    # Inside a Slurm job SIGUSR1 is the time-limit notice (sbatch --signal=B:USR1@N).
+    assert summary_signals({"SLURM_JOB_ID": "42"}) == (signal.SIGUSR2,)
+
+
+def test_a_summary_request_is_counted_never_an_interruption_and_handlers_go_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import signal
+
+    from poprun.run.signals import SignalInbox
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
+    inbox = SignalInbox().install()
+    try:
+        assert inbox.interrupting  # before the launch: a SIGINT would interrupt, this does not
+        signal.raise_signal(signal.SIGUSR1)
+        signal.raise_signal(signal.SIGUSR2)
+        assert inbox.summaries == 2 and inbox.received == []
+    finally:
+        inbox.restore()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
