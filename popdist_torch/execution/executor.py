@@ -37,6 +37,7 @@ from popdist_torch.execution.placement import (
 )
 from popdist_torch.execution.reducer import GradientReducer, broadcast_state, connect
 from popdist_torch.execution.runners import ReplicaRunner, make_runner, uses_stages
+from popdist_torch.optim import PopTorchOptimizer, loss_scaling_of
 from popdist_torch.options import Options
 
 __all__ = [
@@ -297,10 +298,15 @@ class PoplarExecutor(DeviceSide):
         assert optimizer is not None
         mean = opts.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
         scale = 1.0 / (batch.accumulation * batch.replicas) if mean else 1.0
+        # PopTorch's loss scaling: the backward pass carries the factor, the step removes it.
+        loss_scaling = loss_scaling_of(optimizer)
         collector = self._collector()
         for d in range(batch.iterations):
             optimizer.zero_grad(set_to_none=True)
-            self._runner.forward_backward(batch, d, scale=scale, collector=collector)
+            self._runner.forward_backward(batch, d, scale=scale * loss_scaling, collector=collector)
+            if loss_scaling != 1.0:
+                assert isinstance(optimizer, PopTorchOptimizer)
+                optimizer.unscale_next_step(loss_scaling)
             with self._optimizer_state_on_device():
                 optimizer.step()
         return collector.result()

@@ -223,18 +223,19 @@ EXECUTOR: tuple[Row, ...] = (
 )
 
 M = "optim"
-_FLOAT32 = "popdist_torch keeps optimizer state and gradient accumulators in float32; use torch.float32 or leave it unset"
+_ACCUM = "float32 by default, so half-precision models keep float32 optimizer state; `torch.float16` stores it in float16 (the update computes in float32)"
 OPTIMIZER_ARGUMENTS: tuple[Row, ...] = (
-    supported(M, "loss_scaling", "validated and kept in each param group; in float32 the scaling and unscaling cancel, so the update is PopTorch's"),
-    supported(M, "velocity_scaling", "(SGD) as `loss_scaling`"),
-    supported(M, "max_grad_norm", "gradients clipped to this global L2 norm before each step"),
+    supported(M, "loss_scaling", "the executor multiplies the loss by it before backward and the optimizer divides the gradients by it before the update (float16 gradients do not flush to zero); `optimizer.loss_scaling` reads and sets it"),
+    no_op(M, "velocity_scaling", "(SGD) PopTorch keeps a scaled float16 velocity; the float32 velocity here needs no scaling (checked and kept in each param group)"),
+    supported(M, "max_grad_norm", "gradients clipped to this global L2 norm before each update, after unscaling"),
     supported(M, "use_combined_accum", "(SGD) both of PopTorch's SGD variants compute the same update"),
-    supported(M, "bias_correction", "(AdamW) `False` runs Adam's update without the bias-correction terms"),
-    refused(M, "accum_type", _FLOAT32, when=lambda value: str(value) == "torch.float16", when_text="for `torch.float16`"),
-    refused(M, "velocity_accum_type", _FLOAT32, when=lambda value: str(value) == "torch.float16", when_text="for `torch.float16`"),
-    refused(M, "first_order_momentum_accum_type", _FLOAT32, when=lambda value: str(value) == "torch.float16", when_text="for `torch.float16`"),
-    refused(M, "second_order_momentum_accum_type", _FLOAT32, when=lambda value: str(value) == "torch.float16", when_text="for `torch.float16`"),
-    refused(M, "use_tf_variant", "(RMSprop) only PyTorch's variant is implemented; leave use_tf_variant unset or False", when=lambda value: bool(value), when_text="for `True`"),
+    supported(M, "bias_correction", "(AdamW, LAMB) `False` runs Adam's update without the bias-correction terms"),
+    supported(M, "accum_type", f"type of the gradients the update reads: {_ACCUM}"),
+    supported(M, "velocity_accum_type", f"(SGD) type of the momentum buffer: {_ACCUM}"),
+    supported(M, "first_order_momentum_accum_type", f"type of the first moment (RMSprop: momentum buffer): {_ACCUM}"),
+    supported(M, "second_order_momentum_accum_type", f"type of the second moment (RMSprop: mean square): {_ACCUM}"),
+    supported(M, "use_tf_variant", "(RMSprop) `True` runs TensorFlow's RMSprop: mean square starting at one, `eps` inside the square root, learning rate in the momentum buffer"),
+    supported(M, "max_weight_norm", "(LAMB) cap of the weight norm in LAMB's trust ratio (default 65500)"),
 )
 # fmt: on
 

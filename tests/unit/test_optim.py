@@ -152,14 +152,6 @@ def test_step_hooks_run_once() -> None:
     assert calls == [1, 1]
 
 
-@pytest.mark.parametrize("cls", [optim.SGD, optim.Adam, optim.AdamW, optim.RMSprop])
-def test_float16_accumulators_are_refused(cls: Factory) -> None:
-    with pytest.raises(
-        ValueError, match=r"accum_type=torch.float16 is not supported.*torch.float32"
-    ):
-        cls(model().parameters(), lr=0.1, accum_type=torch.float16)
-
-
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -175,7 +167,5 @@ def test_bad_values(kwargs: dict[str, Any], message: str) -> None:
 
 
 def test_unsupported_options() -> None:
-    with pytest.raises(ValueError, match="use_tf_variant=True"):
-        optim.RMSprop(model().parameters(), use_tf_variant=True)
     with pytest.raises(ValueError, match=r"bias_correction=False\) does not support foreach"):
         optim.AdamW(model().parameters(), bias_correction=False, foreach=True)

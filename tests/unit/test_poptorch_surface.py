@@ -272,7 +272,9 @@ def test_every_row_resolves() -> None:
     assert missing == []
     optimizers = (poptorch.optim.SGD, poptorch.optim.Adam, poptorch.optim.AdamW)
     arguments = {
-        name for cls in (*optimizers, poptorch.optim.RMSprop) for name in signature(cls).parameters
+        name
+        for cls in (*optimizers, poptorch.optim.RMSprop, poptorch.optim.LAMB)
+        for name in signature(cls).parameters
     }
     assert sorted({row.name for row in rows_of("optim")} - arguments) == []
 
