@@ -9,6 +9,9 @@ backends and life cycle are :mod:`popdist.collectives`), and
 Under poprun, importing ``popdist`` also installs an excepthook that reports an uncaught
 exception to poprun as a structured record (:mod:`popdist.error_record`).
 
+The time-limit notice (:mod:`popdist.deadline`): :func:`should_stop` tells every instance,
+at the same step, that the job should save a checkpoint and stop.
+
 Importing ``popdist`` is cheap and stdlib-only: torch and Horovod are imported by the calls
 that need them (:func:`init`, :func:`execute_on_instances`, ``popdist.poptorch``).
 """
@@ -31,6 +34,8 @@ from popdist.context import (
     getReplicaIndexOffset,
     isPopdistEnvSet,
 )
+from popdist.deadline import install_if_asked as _install_notice
+from popdist.deadline import notice_received, should_stop
 from popdist.env import PopdistError
 from popdist.error_record import install_if_asked as _install_error_record
 from popdist.instances import execute_on_instances
@@ -39,6 +44,7 @@ from popdist.instances import execute_on_instances
 initializeBackend = init
 
 _install_error_record()  # under poprun: an uncaught exception is also reported as data
+_install_notice()  # under poprun: the time-limit notice (SIGUSR1) sets a flag, nothing else
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:
@@ -63,8 +69,10 @@ __all__ = [
     "initializeBackend",
     "isBackendInitialized",
     "isPopdistEnvSet",
+    "notice_received",
     "poptorch",
     "sharding",
+    "should_stop",
 ]
 
 

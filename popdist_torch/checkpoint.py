@@ -42,6 +42,7 @@ __all__ = [
     "read_checkpoint",
     "resume_checkpoint",
     "save_checkpoint",
+    "save_on_notice",
 ]
 
 FORMAT = "popdist_torch.checkpoint/1"  # the state itself (the payload)
@@ -413,6 +414,33 @@ def resume_checkpoint(
         return 0
     state = load_checkpoint(path, model=model, optimizer=optimizer, dataloader=dataloader)
     return int(state["step"])
+
+
+def save_on_notice(
+    path: str | os.PathLike[str],
+    *,
+    model: _Stateful,
+    optimizer: _Stateful | None = None,
+    step: int = 0,
+    dataloader: _Stateful | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> bool:
+    """Save a checkpoint if the job should stop now (poprun's time-limit notice); whether it did.
+
+    Call it on every instance at the same point of each step, with what
+    :func:`save_checkpoint` takes; when it returns True, stop training (poprun then ends
+    the job with exit code 75 and, with ``--requeue-on-timeout``, requeues it; the next
+    run's :func:`resume_checkpoint` continues from here). The question is
+    :func:`popdist.should_stop`: the same answer on every instance at the same step.
+    """
+    import popdist
+
+    if not popdist.should_stop():
+        return False
+    save_checkpoint(
+        path, model=model, optimizer=optimizer, step=step, dataloader=dataloader, extra=extra
+    )
+    return True
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

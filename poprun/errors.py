@@ -8,6 +8,10 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 #: ``--timeout`` expired: the job was ended at the deadline (the GNU ``timeout`` convention).
 EXIT_TIMEOUT = 124
+#: The job stopped at its time limit after poprun's save-now notice (a Slurm job's end, or
+#: ``--timeout`` with ``--time-limit-margin``): run it again to resume from its checkpoint
+#: (sysexits.h's EX_TEMPFAIL, "try again later"; ``--requeue-on-timeout`` does it).
+EXIT_TIME_LIMIT = 75
 #: mpirun itself could not be started or vanished without a status.
 EXIT_LAUNCH_FAILED = 1
 

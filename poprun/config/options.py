@@ -366,6 +366,18 @@ OPTIONS: tuple[Option, ...] = (
         "the address --status-port listens on [127.0.0.1]",
         attribute="status_address",
     ),
+    Option(
+        "time_limit_margin",
+        parse_seconds,
+        "SECONDS",
+        "tell the instances to save this long before the Slurm job's end (or --timeout); "
+        "then exit 75",
+        attribute="time_limit_margin",
+    ),
+    _yes_no(
+        "requeue_on_timeout",
+        "in a Slurm job: requeue it (scontrol requeue) when it ends at its time limit",
+    ),
     _yes_no("allow_run_as_root", "let mpirun run as root"),
     _yes_no(
         "use_default_allocator",

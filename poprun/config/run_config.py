@@ -58,6 +58,10 @@ class RunConfig:
     host_subnet: str | None = None
     timeout: float | None = None
     max_restarts: int = 0
+    #: The save-now notice this long before the deadline, and the requeue at the time limit
+    #: (:mod:`poprun.run.time_limit`).
+    time_limit_margin: float | None = None
+    requeue_on_timeout: bool = False
     #: ``--status-port``: the live figures' HTTP port (0: a free one), on ``status_address``.
     status_port: int | None = None
     status_address: str | None = None
@@ -236,6 +240,33 @@ def _check_exec_format(name: str) -> None:
     )
 
 
+def _check_time_limit(values: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """``--requeue-on-timeout`` needs a Slurm job; ``--time-limit-margin`` a deadline before it."""
+    in_slurm = bool(environ.get("SLURM_JOB_ID"))
+    if values.get("requeue_on_timeout") and not in_slurm:
+        raise PoprunError(
+            "--requeue-on-timeout",
+            "yes",
+            "needs a Slurm job to requeue, and SLURM_JOB_ID is not set",
+            "run poprun inside sbatch or salloc, or leave --requeue-on-timeout out",
+        )
+    margin, timeout = values.get("time_limit_margin"), values.get("timeout")
+    if margin is not None and not in_slurm and timeout is None:
+        raise PoprunError(
+            "--time-limit-margin",
+            f"{margin:g}",
+            "has no deadline to count back from (not a Slurm job, and no --timeout)",
+            "run poprun inside a Slurm job, or add --timeout SECONDS",
+        )
+    if margin is not None and timeout is not None and margin >= timeout:
+        raise PoprunError(
+            "--time-limit-margin",
+            f"{margin:g}",
+            f"is not shorter than --timeout={timeout:g}: the notice would come at the start",
+            "give a margin shorter than --timeout",
+        )
+
+
 def _merge(cli: Mapping[str, Any], file_values: Mapping[str, Any] | None) -> dict[str, Any]:
     """File values overridden by the command line (the hosts as a whole: -H or a file)."""
     given = {k: v for k, v in cli.items() if v is not None and v != [] and v != ()}
@@ -283,6 +314,7 @@ def build(
             "has nothing to serve without --status-port",
             "add --status-port PORT (0 picks a free port), or leave --status-address out",
         )
+    _check_time_limit(values, environ)
     # Remote-only runs cannot check the program here; the hosts must mirror local paths.
     if (require_program or program) and (not program or not hosts or any(map(is_local, hosts))):
         _check_program(program, environ)

@@ -30,6 +30,12 @@ keeps the default handlers: Python still gets its KeyboardInterrupt). The wrappe
 stderr is ``/dev/null`` (the program's is the real one, also kept on descriptor 3 for the
 status line), so the shell's "Terminated" notes never reach the output.
 
+Both wrappers start the program with SIGUSR1 *ignored* (an ignored signal stays ignored
+across ``exec``): SIGUSR1 is poprun's save-now notice (:mod:`poprun.run.time_limit`), which
+mpirun forwards to each instance's process group. ``import popdist`` installs the handler
+that turns it into a flag (:mod:`popdist.deadline`); a program that never imports popdist
+(or is still starting) is not killed by it.
+
 On one host, poprun pins Open MPI to shared memory (``pml ob1``, ``btl self,vader,tcp``):
 Open MPI's default selection probes UCX and libfabric first, which costs about 0.2 s in
 every ``MPI_Init`` (so in every ``popdist.init()``) and gains nothing without a fabric
@@ -66,7 +72,7 @@ _DIRECT = (
     'd=$POPRUN_DIRECT_OUTPUT; unset POPRUN_DIRECT_OUTPUT; f="$d/$POPDIST_INSTANCE_INDEX"; '
     'if [ -n "$d" ] && [ -p "$f.stderr" ]; then exec >"$f.stdout" 2>"$f.stderr"; fi; '
 )
-_PID_AND_EXEC = 'printf "\\037poprun-pid=%d\\n" "$$" >&2; exec "$@"'
+_PID_AND_EXEC = 'trap "" USR1; printf "\\037poprun-pid=%d\\n" "$$" >&2; exec "$@"'
 WRAPPER: tuple[str, ...] = ("/bin/sh", "-c", _DIRECT + _PID_AND_EXEC, "poprun-instance")
 #: The last line an instance on another host writes to its stderr: how the program ended.
 EXIT_MARKER = b"\x1fpoprun-exit="
@@ -81,7 +87,7 @@ _REPORT_EXIT = (
 REMOTE_WRAPPER: tuple[str, ...] = (
     "/bin/sh",
     "-c",
-    "trap true HUP INT TERM; exec 3>&2 2>/dev/null; "
+    'trap true HUP INT TERM; trap "" USR1; exec 3>&2 2>/dev/null; '
     f"/bin/sh -c 'exec 2>&3 3>&-; {_PID_AND_EXEC}' poprun-instance \"$@\"; {_REPORT_EXIT}",
     "poprun-instance",
 )

@@ -3,9 +3,10 @@
 Every way a run ends goes through :class:`EndingPolicy`: an instance fails (mpirun announces
 the abort, or exits; an instance on another host reports how it ended), a signal reaches poprun (a second one too), ``--timeout`` passes, the
 output streams close or stay open after mpirun has gone, a failed job is launched again
-(``--max-restarts``). The supervisor (:mod:`poprun.run.supervisor`) tells the policy what
-happened and carries out the :class:`Action` s it answers with; it keeps no timer and makes
-no choice of its own. At the end :meth:`EndingPolicy.ending` gives the exit code, the report
+(``--max-restarts``), the time limit nears (the save-now notice, then the end before the
+Slurm job's: :mod:`poprun.run.time_limit`). The supervisor (:mod:`poprun.run.supervisor`)
+tells the policy what happened and carries out the :class:`Action` s it answers with; it
+keeps no timer and makes no choice of its own. At the end :meth:`EndingPolicy.ending` gives the exit code, the report
 (:func:`poprun.run.verdict.decide`) and whether to launch the job again.
 
 The policy reads time only from the clock it is given, starts no process and makes no
@@ -20,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from poprun.run.evidence import ExitRecord, Failure
-from poprun.run.verdict import InstanceResult, RunResult, decide
+from poprun.run.time_limit import NOTICE_SIGNAL, TimeLimit
+from poprun.run.verdict import InstanceResult, RunResult, decide, ended_at_time_limit
 
 #: After the first failure, a signal or the time-out: how long mpirun gets to end the job
 #: itself before poprun SIGKILLs every instance it knows on this host...
@@ -44,7 +46,8 @@ class Do(enum.Enum):
 
     #: Send ``signum`` to mpirun and SIGTERM to the local instances (the first signal).
     FORWARD = "forward"
-    #: The time-out: note the instances still running, SIGTERM mpirun and the instances.
+    #: The time-out (or the Slurm job's end is near): note the instances still running,
+    #: SIGTERM mpirun and the instances.
     TIME_OUT = "time-out"
     #: SIGKILL the local instances (their shared-memory files noted first); with
     #: ``groups``, their process groups too (a second signal).
@@ -55,6 +58,8 @@ class Do(enum.Enum):
     DRAIN = "drain"
     #: Stop waiting for the output: every stream ended, or the drain deadline passed.
     STOP_READING = "stop-reading"
+    #: Send mpirun ``signum`` (SIGUSR1), which it forwards to every instance: save now.
+    NOTIFY = "notify"
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class Ending:
     report: str
     #: Launch the job again (``--max-restarts``): this line says so on stderr.
     restart: str = ""
+    #: Put the Slurm job back in the queue (``--requeue-on-timeout``, after the time limit).
+    requeue: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,8 +129,11 @@ class EndingPolicy:
         timeout: float | None = None,
         remote: bool = False,
         max_restarts: int = 0,
+        time_limit: TimeLimit | None = None,
     ) -> None:
         self.clock = clock
+        #: The save-now notice and the end before the Slurm job's (job-wide, not per attempt).
+        self.time_limit = time_limit or TimeLimit()
         self.timeout = timeout
         self.max_restarts = max_restarts
         #: How long mpirun gets to end the job itself (longer across hosts).
@@ -166,6 +176,12 @@ class EndingPolicy:
                 Do.KILL_INSTANCES, f"received {name} again: killing the instances now", groups=True
             )
         ]
+
+    def notice_received(self, signum: int) -> list[Action]:
+        """SIGUSR1 in a Slurm job (``--signal=B:USR1@N``): the instances are told to save now."""
+        running = self.now.started and self.now.returncode is None
+        why = self.time_limit.received(f"received {_name(signum)}", self.clock(), running=running)
+        return [_notify(why)] if why else []
 
     def stopped_for(self, seconds: float) -> None:
         """poprun was stopped (Ctrl-Z) this long: ``--timeout`` counts running time only."""
@@ -214,6 +230,14 @@ class EndingPolicy:
             return []
         t = self.clock()
         actions: list[Action] = []
+        if now.started and now.returncode is None:
+            notice, stop = self.time_limit.due(t, now.deadline)
+            if notice:
+                actions.append(_notify(notice))
+            if stop:  # like --timeout: the instances still running noted, then SIGTERM
+                now.deadline = None
+                now.kill_at = self._sooner(now.kill_at, t + self.grace_s)
+                actions.append(Action(Do.TIME_OUT, stop))
         if now.deadline is not None and t >= now.deadline and now.returncode is None:
             now.deadline = None
             now.timed_out = True
@@ -238,8 +262,10 @@ class EndingPolicy:
     def wait_s(self) -> float | None:
         """How long the supervisor may wait for the next event (None: until one comes)."""
         now = self.now
+        limit = self.time_limit.next_time(now.deadline) if now.returncode is None else None
         soonest = min(
-            (t for t in (now.deadline, now.kill_at, now.drain_until) if t is not None), default=None
+            (t for t in (now.deadline, now.kill_at, now.drain_until, limit) if t is not None),
+            default=None,
         )
         if soonest is None:
             return None
@@ -248,27 +274,30 @@ class EndingPolicy:
     def ending(self, evidence: Evidence) -> Ending:
         """The exit code and report of this attempt, and whether to launch the job again."""
         now = self.now
-        code, report = decide(
-            RunResult(
-                instances=evidence.instances,
-                returncode=now.returncode,
-                launch_error=now.launch_error,
-                signals=tuple(now.signals),
-                timeout=self.timeout,
-                timed_out=now.timed_out,
-                still_running=evidence.still_running,
-                mpirun_failure=evidence.mpirun_failure,
-                exited_at_abort=now.exited_at_abort,
-                exit_records=tuple(now.reports),
-                exit_records_at_abort=now.reports_at_abort,
-                escalated=now.escalated,
-                remote=evidence.remote,
-                left_behind=evidence.left_behind,
-                mpirun_pid=evidence.mpirun_pid,
-                mpirun_killed_by_poprun=now.mpirun_killed,
-            )
+        result = RunResult(
+            instances=evidence.instances,
+            returncode=now.returncode,
+            launch_error=now.launch_error,
+            signals=tuple(now.signals),
+            timeout=self.timeout,
+            timed_out=now.timed_out,
+            still_running=evidence.still_running,
+            mpirun_failure=evidence.mpirun_failure,
+            exited_at_abort=now.exited_at_abort,
+            exit_records=tuple(now.reports),
+            exit_records_at_abort=now.reports_at_abort,
+            escalated=now.escalated,
+            remote=evidence.remote,
+            left_behind=evidence.left_behind,
+            mpirun_pid=evidence.mpirun_pid,
+            mpirun_killed_by_poprun=now.mpirun_killed,
+            notice=self.time_limit.noticed,
+            at_limit=self.time_limit.at_limit,
         )
-        ended_by_poprun = bool(now.signals) or now.timed_out
+        code, report = decide(result)
+        ended_by_poprun = bool(now.signals) or now.timed_out or bool(self.time_limit.noticed)
+        if ended_at_time_limit(result):
+            return Ending(code, report, requeue=self.time_limit.requeue)
         if code == 0 or ended_by_poprun or self.restarts >= self.max_restarts:
             return Ending(code, report)
         self.restarts += 1
@@ -312,6 +341,10 @@ class EndingPolicy:
     @staticmethod
     def _sooner(current: float | None, candidate: float) -> float:
         return candidate if current is None else min(current, candidate)
+
+
+def _notify(why: str) -> Action:
+    return Action(Do.NOTIFY, f"{why}: telling the instances to save now", NOTICE_SIGNAL)
 
 
 def _name(signum: int) -> str:

@@ -27,6 +27,9 @@ _SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on sig
 _IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on\s+node \S+ exiting improperly")
 _ABORTING = ("Primary job  terminated normally", "Primary job terminated normally")
 _BOX = "-" * 20
+#: mpirun's echo of a signal it forwards to the job (poprun's save-now notice, SIGUSR1):
+#: poprun says so itself, so the echo is not shown.
+_FORWARDING = re.compile(r"^\S*mpirun: Forwarding signal \d+ to job$")
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ class MpirunMessages:
             if stripped.startswith(_BOX) and set(stripped) == {"-"}:
                 self._box = []
                 return []
-            if self._classify(stripped):
+            if self._classify(stripped) or _FORWARDING.match(stripped):
                 return []
             self.other.append(stripped)
             return [stripped]

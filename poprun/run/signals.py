@@ -16,6 +16,10 @@ The summary signals (:func:`summary_signals`: SIGUSR2, and SIGUSR1 outside a Slu
 for the live per-instance summary, Ctrl-T style: recorded as a count the supervisor reads,
 never forwarded, never an interruption. They are installed with the others, first thing,
 so one that arrives early cannot end poprun by its default action.
+
+Inside a Slurm job SIGUSR1 is the time-limit notice (:func:`notice_signals`; ``sbatch
+--signal=B:USR1@N``): recorded in :attr:`SignalInbox.notices`, never an interruption, and
+the ending policy sends the instances the save-now notice (:mod:`poprun.run.time_limit`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,13 @@ def summary_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
     return (signal.SIGUSR1, signal.SIGUSR2)
 
 
+def notice_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
+    """The signals that bring the time-limit notice: SIGUSR1 inside a Slurm job, else none."""
+    if environ.get("SLURM_JOB_ID"):
+        return (signal.SIGUSR1,)
+    return ()
+
+
 class Interrupted(BaseException):
     """A signal arrived before the job was launched: poprun stops and exits 128+N.
 
@@ -68,6 +79,8 @@ class SignalInbox:
         self.job_control: list[int] = []
         #: Summary requests received (the supervisor prints one for each it has not yet).
         self.summaries = 0
+        #: Time-limit notices received (SIGUSR1 in a Slurm job), in order.
+        self.notices: list[int] = []
         #: Raise :class:`Interrupted` at the first signal (before the job is launched).
         self.interrupting = True
         self._previous: dict[int, Handler] = {}
@@ -82,6 +95,9 @@ class SignalInbox:
         for sig in summary_signals(os.environ):
             self._previous.setdefault(sig, signal.getsignal(sig))
             signal.signal(sig, self._on_summary)
+        for sig in notice_signals(os.environ):
+            self._previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, self._on_notice)
         return self
 
     def watch_job_control(self, wake_fd: int) -> None:
@@ -124,3 +140,6 @@ class SignalInbox:
 
     def _on_summary(self, signum: int, frame: FrameType | None) -> None:
         self.summaries += 1
+
+    def _on_notice(self, signum: int, frame: FrameType | None) -> None:
+        self.notices.append(signum)

@@ -36,6 +36,8 @@ from poprun.run.output.router import JobOutput
 from poprun.run.output.tags import TagDemux
 from poprun.run.processes import JobProcesses
 from poprun.run.signals import SignalInbox
+from poprun.run.time_limit import plan as plan_time_limit
+from poprun.run.time_limit import requeue, requeuing
 
 if TYPE_CHECKING:
     from poprun.run.status.server import StatusServer
@@ -69,14 +71,29 @@ def supervise(
     from its checkpoint (``popdist_torch.checkpoint.resume_checkpoint``).
     """
     remote = any(not is_local(plan.host) for plan in topology.instances)
+    limit = plan_time_limit(
+        config.time_limit_margin, config.requeue_on_timeout, env, time.monotonic
+    )
+    if config.time_limit_margin is not None and limit.end_at is None and config.timeout is None:
+        log.warning("the Slurm job has no end time: --time-limit-margin has nothing to count from")
     policy = EndingPolicy(
-        time.monotonic, timeout=config.timeout, remote=remote, max_restarts=config.max_restarts
+        time.monotonic,
+        timeout=config.timeout,
+        remote=remote,
+        max_restarts=config.max_restarts,
+        time_limit=limit,
     )
     while True:
         attempt = Supervisor(config, topology, argv, env, policy, inbox)
         ending = policy.ending(attempt.run())
         if ending.report:
             sys.stderr.write(ending.report + "\n")
+        if ending.requeue:  # the line first: Slurm may end poprun as it requeues the job
+            sys.stderr.write(requeuing(env) + "\n")
+            sys.stderr.flush()
+            failed = requeue(env)
+            if failed:
+                sys.stderr.write(failed + "\n")
         if not ending.restart:
             sys.stderr.flush()
             return ending.code
@@ -270,6 +287,11 @@ class Supervisor:
             actions = self.policy.signal_received(signum)
             if proc is not None:
                 self._carry_out(proc, actions)
+        notices = self.inbox.notices
+        while notices:  # the time-limit notice (SIGUSR1 in a Slurm job)
+            actions = self.policy.notice_received(notices.pop(0))
+            if proc is not None:
+                self._carry_out(proc, actions)
 
     def _take_job_control(self) -> None:
         while self.inbox.job_control:
@@ -326,6 +348,8 @@ class Supervisor:
             if action.do is Do.FORWARD:
                 _send(proc.pid, action.signum)
                 self.procs.signal_instances(signal.SIGTERM)
+            elif action.do is Do.NOTIFY:
+                _send(proc.pid, action.signum)  # mpirun forwards it to every instance
             elif action.do is Do.TIME_OUT:
                 self._still_running = self.procs.running()
                 _send(proc.pid, signal.SIGTERM)

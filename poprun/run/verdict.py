@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIMEOUT
+from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIME_LIMIT, EXIT_TIMEOUT
 from poprun.run.evidence import ErrorRecord, ExitRecord, Failure
 
 
@@ -65,6 +65,10 @@ class RunResult:
     #: mpirun's pid, and whether poprun itself SIGKILLed it.
     mpirun_pid: int | None = None
     mpirun_killed_by_poprun: bool = False
+    #: Why poprun sent the instances the save-now notice ("" when it did not).
+    notice: str = ""
+    #: Whether poprun ended the job because the Slurm job's end was near.
+    at_limit: bool = False
 
 
 def decide(result: RunResult) -> tuple[int, str]:
@@ -91,6 +95,8 @@ def _decide(result: RunResult) -> tuple[int, str]:
         return EXIT_LAUNCH_FAILED, f"poprun: cannot start mpirun: {result.launch_error}"
     if result.signals:
         return _signalled(result.signals)
+    if ended_at_time_limit(result):
+        return _time_limit(result)
     if result.timed_out:
         return _timed_out(result)
     failure = root_cause(result)
@@ -138,6 +144,39 @@ def _timed_out(result: RunResult) -> tuple[int, str]:
         f"poprun: --timeout={result.timeout or 0:g} s expired; "
         f"instances still running: {running or 'none'}\n"
         f"poprun: ended the job; exit code {EXIT_TIMEOUT}"
+    )
+
+
+def ended_at_time_limit(result: RunResult) -> bool:
+    """Whether the job ended at its time limit (exit :data:`EXIT_TIME_LIMIT`, requeue-able).
+
+    So it did when poprun ended it before the Slurm job's end, and when, after the save-now
+    notice, the instances stopped by themselves or ran into ``--timeout``. A failure after
+    the notice stays a failure (signals, and a launch that never happened, come first).
+    """
+    if result.returncode is None or result.signals:
+        return False
+    return result.at_limit or bool(result.notice and (result.returncode == 0 or result.timed_out))
+
+
+def _time_limit(result: RunResult) -> tuple[int, str]:
+    notice = f"after the save-now notice ({result.notice})" if result.notice else "with no notice"
+    if not (result.at_limit or result.timed_out):
+        how = f"poprun: the instances saved and stopped {notice}"
+    else:
+        running = ", ".join(
+            f"{i} (host {result.instances[i].host}, pid {_pid(result.instances[i])})"
+            for i in result.still_running
+        )
+        end = (
+            "the Slurm job's end was near"
+            if result.at_limit
+            else f"--timeout={result.timeout or 0:g} s expired"
+        )
+        how = f"poprun: {end} {notice}; ended the instances still running: {running or 'none'}"
+    return EXIT_TIME_LIMIT, (
+        f"{how}\npoprun: the job ended at its time limit; exit code {EXIT_TIME_LIMIT} "
+        "(run it again to resume from its last checkpoint)"
     )
 
 
