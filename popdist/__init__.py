@@ -7,7 +7,8 @@ backends and life cycle are :mod:`popdist.collectives`), and
 ``popdist.poptorch.Options`` is PopTorch's options set up from the launch.
 
 Under poprun, importing ``popdist`` also installs an excepthook that reports an uncaught
-exception to poprun as a structured record (:mod:`popdist.error_record`).
+exception to poprun as a structured record (:mod:`popdist.error_record`), and starts the
+reporter of the instance's progress (:mod:`popdist.progress`).
 
 The time-limit notice (:mod:`popdist.deadline`): :func:`should_stop` tells every instance,
 at the same step, that the job should save a checkpoint and stop.
@@ -39,11 +40,13 @@ from popdist.deadline import notice_received, should_stop
 from popdist.env import PopdistError
 from popdist.error_record import install_if_asked as _install_error_record
 from popdist.instances import execute_on_instances
+from popdist.progress import start_if_asked as _start_progress
 
 #: PopDist's other name for :func:`init`.
 initializeBackend = init
 
 _install_error_record()  # under poprun: an uncaught exception is also reported as data
+_start_progress()  # under poprun: collectives and steps are counted and reported
 _install_notice()  # under poprun: the time-limit notice (SIGUSR1) sets a flag, nothing else
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)

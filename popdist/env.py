@@ -28,6 +28,10 @@ variable                                   value
 ``POPDIST_ERROR_RECORD``                   ``1``: ``import popdist`` installs the excepthook
                                            that reports an uncaught exception to poprun as
                                            one marked stderr line (:mod:`popdist.error_record`)
+``POPDIST_PROGRESS``                       the job's secret: count collectives and steps and
+                                           report them to poprun (:mod:`popdist.progress`)
+``POPDIST_PROGRESS_STACKS``                seconds without progress after which the progress
+                                           records carry the threads' stacks (``0``: never)
 =========================================  ====================================================
 
 The first six are PopRun's own. The *required* set (:data:`REQUIRED`) must be complete or
@@ -66,6 +70,8 @@ OFFLINE_MODE = "POPDIST_OFFLINE_MODE"
 EXECUTABLE_CACHE_PATH = "POPDIST_EXECUTABLE_CACHE_PATH"
 BACKEND = "POPDIST_BACKEND"
 ERROR_RECORD = "POPDIST_ERROR_RECORD"
+PROGRESS = "POPDIST_PROGRESS"
+PROGRESS_STACKS = "POPDIST_PROGRESS_STACKS"
 
 #: The values ``POPDIST_BACKEND`` (``poprun --backend``) may take; the first is the default.
 BACKENDS: tuple[str, ...] = ("horovod", "torch")
@@ -81,7 +87,7 @@ REQUIRED: tuple[str, ...] = (
 )
 #: Added variables poprun always sets with :data:`REQUIRED`: alone they are a half-set
 #: environment too. (``HOST``, ``OFFLINE_MODE``, ``EXECUTABLE_CACHE_PATH``, ``BACKEND`` and
-#: ``ERROR_RECORD`` may stand alone.)
+#: ``ERROR_RECORD`` may stand alone, as may ``PROGRESS`` and ``PROGRESS_STACKS``.)
 POPRUN_ONLY: tuple[str, ...] = (NUM_INSTANCES, INSTANCE_INDEX, NUM_LOCAL_INSTANCES)
 #: Every variable of the contract, in the order of the table above.
 ALL: tuple[str, ...] = (
@@ -94,6 +100,8 @@ ALL: tuple[str, ...] = (
     EXECUTABLE_CACHE_PATH,
     BACKEND,
     ERROR_RECORD,
+    PROGRESS,
+    PROGRESS_STACKS,
 )
 
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"

@@ -24,6 +24,7 @@ import atexit
 from popdist.collectives.errors import world_mismatch
 from popdist.collectives.registry import LOCAL, Capabilities, spec
 from popdist.env import PopdistError, read_backend, read_run
+from popdist.progress import instrument
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ def _object(name: str) -> Collectives:
     backend = _Run.objects.get(name)
     if backend is None:
         backend = _Run.objects[name] = spec(name).create()
+        if name != LOCAL:  # under poprun, its collectives are counted (popdist.progress)
+            instrument(backend)
     return backend
 
 

@@ -17,7 +17,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 from popdist_torch.errors import ExecutorError
 from popdist_torch.options import Options
 
-__all__ = ["Batch", "check_scalar", "detach", "loss_of", "stack"]
+__all__ = ["Batch", "check_scalar", "detach", "loss_index", "loss_of", "stack"]
 
 
 class Batch:
@@ -67,6 +67,8 @@ class Batch:
                 leaf = leaf.to(device, non_blocking=True)
             self.batched_index.append(i)
             self.batched.append(leaf.reshape(di, ga, r, n // factor, *leaf.shape[1:]))
+        #: The samples of this call (every replica, accumulation step and device iteration).
+        self.samples = factor * self.batched[0].shape[3] if self.batched else 0
         if not self.batched:
             raise ExecutorError(
                 "the model call has no tensor input with a batch dimension: pass at least one "
@@ -103,13 +105,39 @@ class Batch:
         return tuple(args), dict(kwargs)
 
 
-def loss_of(output: Any) -> torch.Tensor:
-    """The loss: the output itself, or the last element of a tuple/list."""
-    loss = output[-1] if isinstance(output, (tuple, list)) and output else output
+def loss_index(output: Any, *, batched: bool = False) -> int | None:
+    """Where one micro-batch's loss is in the model's output (PopTorch finds it anywhere).
+
+    ``None``: the output is the loss. In a tuple or list, the loss is the last element if it
+    is a scalar that depends on the parameters (what a loss function or ``identity_loss``
+    returns), else the first element if that one is, else the last (which the checks then
+    reject with a message). So ``(output, loss)`` and ``(loss, output)`` both train; with
+    scalars needing gradients at both ends, the last is the loss. ``batched``: the output
+    of the replicas' ``vmap``, whose leaves have a leading replica dimension (inside
+    ``vmap`` whether a tensor needs gradients cannot be seen, so the choice is made there).
+    """
+    if not isinstance(output, (tuple, list)) or not output:
+        return None
+    last = len(output) - 1
+    dim = 1 if batched else 0
+    if _is_loss(output[last], dim) or not _is_loss(output[0], dim):
+        return last
+    return 0
+
+
+def _is_loss(value: Any, dim: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == dim and value.requires_grad
+
+
+def loss_of(output: Any, index: int | None = -1) -> torch.Tensor:
+    """The loss in ``output``: at ``index`` (from :func:`loss_index`; ``-1``: find it)."""
+    if index == -1:
+        index = loss_index(output)
+    loss = output if index is None else output[index]
     if not isinstance(loss, torch.Tensor):
         raise ExecutorError(
             f"a training model's forward must return its loss as a tensor, or a tuple whose "
-            f"last element is the loss; got {type(loss).__name__}"
+            f"first or last element is the loss; got {type(loss).__name__}"
         )
     return loss
 

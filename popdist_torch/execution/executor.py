@@ -15,6 +15,7 @@ model of the same module share them.
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from popdist import progress
 from popdist.env import read_compute_threads
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
@@ -223,9 +225,12 @@ class PoplarExecutor(DeviceSide):
         was_training = model.training
         if was_training != self._training:  # module.train() walks every submodule
             model.train(self._training)
+        started = time.monotonic()
         try:
             result = self._first_call(batch) if self._watch_blocks else self._run(batch)
-            return result if self._device == CPU else to_host(result)
+            result = result if self._device == CPU else to_host(result)
+            progress.step(batch.samples, time.monotonic() - started)  # under poprun: reported
+            return result
         finally:
             if was_training != self._training:
                 model.train(was_training)

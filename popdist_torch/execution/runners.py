@@ -33,7 +33,7 @@ from torch import nn
 from torch.func import vmap
 
 from popdist_torch.errors import ExecutorError
-from popdist_torch.execution.batch import Batch, check_scalar, detach, loss_of, stack
+from popdist_torch.execution.batch import Batch, check_scalar, detach, loss_index, loss_of, stack
 from popdist_torch.execution.outputs import OutputCollector
 from popdist_torch.execution.reducer import GradientReducer
 from popdist_torch.options import Options
@@ -167,20 +167,15 @@ class LocalReplicaRunner(ReplicaRunner):
         # vmapped graph, so their .grad and hooks see the sum over replicas.
         def one_replica(tensors: list[torch.Tensor]) -> Any:
             args, kwargs = batch.rebuild(tensors)
-            out = model(*args, **kwargs)
-            if training:
-                loss = loss_of(out)
-                if loss.dim() != 0:
-                    check_scalar(loss)  # raises: the loss is not a scalar per micro-batch
-            return out
+            return model(*args, **kwargs)
 
-        if training:
+        if scale is not None:
             self._arm(last)
         out = vmap(one_replica, randomness="different")(inputs)
         if scale is not None:
-            losses = loss_of(out)
-            if not losses.requires_grad:
-                check_scalar(losses[0])
+            losses = loss_of(out, loss_index(out, batched=True))
+            if losses.dim() != 1 or not losses.requires_grad:
+                check_scalar(losses[0])  # raises: not a scalar per micro-batch, or no gradient
             # d(scale * sum(losses)) / d(losses) = scale, without the two extra ops
             losses.backward(torch.full_like(losses, scale))  # type: ignore[no-untyped-call]
         return detach(out) if keep else None

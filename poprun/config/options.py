@@ -25,6 +25,8 @@ TRUE_WORDS = frozenset({"yes", "true", "1", "on", "y"})
 FALSE_WORDS = frozenset({"no", "false", "0", "off", "n"})
 BOOL_WORDS = TRUE_WORDS | FALSE_WORDS
 PLACEMENTS = ("spreadnuma", "disabled")
+#: What ``--hang-timeout`` does when it passes (``--on-hang``); the first is the default.
+HANG_ACTIONS = ("kill", "report")
 
 Parser = Callable[[str, object], Any]
 
@@ -350,6 +352,21 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         "relaunch the whole job up to N times after an instance fails (resume from a checkpoint)",
         attribute="max_restarts",
+    ),
+    Option(
+        "hang_timeout",
+        parse_seconds,
+        "SECONDS",
+        "call the job hung when no instance made progress for SECONDS: say where each "
+        "instance is and end the job (exit 124)",
+        attribute="hang_timeout",
+    ),
+    Option(
+        "on_hang",
+        parse_choice(HANG_ACTIONS),
+        "|".join(HANG_ACTIONS),
+        f"what --hang-timeout does: end the job, or only report [{HANG_ACTIONS[0]}]",
+        attribute="on_hang",
     ),
     Option(
         "status_port",

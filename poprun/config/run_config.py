@@ -58,6 +58,9 @@ class RunConfig:
     host_subnet: str | None = None
     timeout: float | None = None
     max_restarts: int = 0
+    #: ``--hang-timeout`` (None: off) and ``--on-hang`` (:mod:`poprun.run.progress`).
+    hang_timeout: float | None = None
+    on_hang: str = "kill"
     #: The save-now notice this long before the deadline, and the requeue at the time limit
     #: (:mod:`poprun.run.time_limit`).
     time_limit_margin: float | None = None

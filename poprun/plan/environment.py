@@ -69,6 +69,10 @@ def forwarded_names(environ: Mapping[str, str]) -> list[str]:
 def shared_values(config: RunConfig) -> dict[str, str]:
     """Values identical for every instance, exported by name from mpirun's own environment."""
     values = {UNBUFFERED: "1", contract.ERROR_RECORD: "1", contract.BACKEND: config.backend}
+    # The instances report their progress (the supervisor puts the job's secret in its place).
+    values[contract.PROGRESS] = "1"
+    if config.hang_timeout is not None:  # their stacks come once they stop moving for half
+        values[contract.PROGRESS_STACKS] = f"{config.hang_timeout / 2:g}"
     if config.executable_cache_path:
         values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
     return values

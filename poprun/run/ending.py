@@ -20,7 +20,9 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from poprun.run import verdict
 from poprun.run.evidence import ExitRecord, Failure
+from poprun.run.progress.hang import Hang, HangWatch
 from poprun.run.time_limit import NOTICE_SIGNAL, TimeLimit
 from poprun.run.verdict import InstanceResult, RunResult, decide, ended_at_time_limit
 
@@ -58,6 +60,14 @@ class Do(enum.Enum):
     DRAIN = "drain"
     #: Stop waiting for the output: every stream ended, or the drain deadline passed.
     STOP_READING = "stop-reading"
+    #: ``--hang-timeout`` passed without progress: print the hang verdict, end the job (124).
+    HANG = "hang"
+    #: ... with ``--on-hang=report``: print the verdict, leave the job running.
+    HANG_REPORT = "hang-report"
+    #: Part of the way there: a note naming an instance the others wait for, if there is one.
+    NOTE = "note"
+    #: Two instances issued different collectives at one sequence number: end the job now.
+    DESYNC = "desync"
     #: Send mpirun ``signum`` (SIGUSR1), which it forwards to every instance: save now.
     NOTIFY = "notify"
 
@@ -94,6 +104,8 @@ class Evidence:
     left_behind: tuple[str, ...] = ()
     remote: tuple[int, ...] = ()
     mpirun_pid: int | None = None
+    #: The hang or desync verdict the supervisor printed (:mod:`poprun.run.progress`).
+    diagnosis: str = ""
 
 
 @dataclass
@@ -117,6 +129,9 @@ class _Attempt:
     started: bool = False
     streams_open: bool = True
     reading: bool = True
+    #: Ended on a verdict of the progress board (:mod:`poprun.run.progress`).
+    hung: bool = False
+    desynced: bool = False
 
 
 class EndingPolicy:
@@ -138,6 +153,7 @@ class EndingPolicy:
         self.max_restarts = max_restarts
         #: How long mpirun gets to end the job itself (longer across hosts).
         self.grace_s = REMOTE_GRACE_S if remote else GRACE_S
+        self.hang = HangWatch()  # --hang-timeout, --on-hang: the supervisor sets them
         #: Restarts used so far.
         self.restarts = 0
         self.now = _Attempt()
@@ -147,6 +163,7 @@ class EndingPolicy:
     def launched(self) -> None:
         """mpirun was started (the time-out counts from now)."""
         self.now.started = True
+        self.hang.reset()
         if self.timeout is not None:
             self.now.deadline = self.clock() + self.timeout
 
@@ -187,6 +204,20 @@ class EndingPolicy:
         """poprun was stopped (Ctrl-Z) this long: ``--timeout`` counts running time only."""
         if self.now.deadline is not None:
             self.now.deadline += seconds
+        self.hang.stopped_for(seconds)  # a stopped job is not hung either
+
+    def progressed(self, moved: bool) -> None:
+        """A progress record arrived; ``moved``: it showed progress (the hang clock restarts)."""
+        self.hang.progressed(moved, self.clock())
+
+    def desynced(self) -> list[Action]:
+        """Two instances issued different collectives at one sequence number: end the job."""
+        now = self.now
+        if now.desynced or not now.started or now.returncode is not None:
+            return []
+        now.desynced = True
+        now.kill_at = self._sooner(now.kill_at, self.clock() + self.grace_s)
+        return [Action(Do.DESYNC, "the instances issued different collectives: ending the job")]
 
     def instance_exited(self, instance: int) -> None:
         """A local instance ended (the order matters when mpirun names no one)."""
@@ -247,6 +278,8 @@ class EndingPolicy:
             )
         if now.kill_at is not None and t >= now.kill_at and now.returncode is None:
             actions.append(self._escalate(t))
+        if now.started and now.returncode is None:
+            actions += _hang_actions(self, t)
         if now.drain_until is not None and t >= now.drain_until:
             now.reading = False
             actions.append(Action(Do.STOP_READING, "mpirun has exited; its output did not end"))
@@ -267,6 +300,8 @@ class EndingPolicy:
             (t for t in (now.deadline, now.kill_at, now.drain_until, limit) if t is not None),
             default=None,
         )
+        hang = self.hang.next_check() if now.returncode is None else None
+        soonest = min((s for s in (soonest, hang) if s is not None), default=None)
         if soonest is None:
             return None
         return min(max(0.0, soonest - self.clock()), STEP_S)
@@ -295,7 +330,15 @@ class EndingPolicy:
             at_limit=self.time_limit.at_limit,
         )
         code, report = decide(result)
-        ended_by_poprun = bool(now.signals) or now.timed_out or bool(self.time_limit.noticed)
+        if now.hung or now.desynced:
+            code, report = verdict.diagnosed(code, report, evidence.diagnosis, hung=now.hung)
+        ended_by_poprun = (
+            bool(now.signals)
+            or now.timed_out
+            or now.hung
+            or now.desynced
+            or bool(self.time_limit.noticed)
+        )
         if ended_at_time_limit(result):
             return Ending(code, report, requeue=self.time_limit.requeue)
         if code == 0 or ended_by_poprun or self.restarts >= self.max_restarts:
@@ -345,6 +388,23 @@ class EndingPolicy:
 
 def _notify(why: str) -> Action:
     return Action(Do.NOTIFY, f"{why}: telling the instances to save now", NOTICE_SIGNAL)
+
+
+def _hang_actions(policy: EndingPolicy, t: float) -> list[Action]:
+    """The hang clock's note or verdict (:mod:`poprun.run.progress.hang`); a hung job ends
+    as at the time-out."""
+    due = policy.hang.due(t)
+    if due is Hang.NOTE:
+        return [Action(Do.NOTE, "no progress for a while: the note on who waits for whom")]
+    if due is Hang.REPORT:
+        return [Action(Do.HANG_REPORT, "no progress for --hang-timeout (--on-hang=report)")]
+    if due is Hang.HUNG:
+        now = policy.now
+        now.hung = True
+        now.kill_at = policy._sooner(now.kill_at, t + policy.grace_s)
+        why = f"--hang-timeout={policy.hang.timeout:g} passed without progress: ending the job"
+        return [Action(Do.HANG, why)]
+    return []
 
 
 def _name(signum: int) -> str:

@@ -35,6 +35,8 @@ from poprun.run.output.fifos import DirectOutput, enlarge_pipe
 from poprun.run.output.router import JobOutput
 from poprun.run.output.tags import TagDemux
 from poprun.run.processes import JobProcesses
+from poprun.run.progress.hang import HangWatch
+from poprun.run.progress.watch import DIAGNOSES, ProgressWatch, with_secret
 from poprun.run.signals import SignalInbox
 from poprun.run.time_limit import plan as plan_time_limit
 from poprun.run.time_limit import requeue, requeuing
@@ -83,6 +85,8 @@ def supervise(
         max_restarts=config.max_restarts,
         time_limit=limit,
     )
+    policy.hang = HangWatch(config.hang_timeout, config.on_hang)
+    env = with_secret(env)  # the instances' progress records carry it
     while True:
         attempt = Supervisor(config, topology, argv, env, policy, inbox)
         ending = policy.ending(attempt.run())
@@ -148,6 +152,8 @@ class Supervisor:
         self.env = dict(env)
         self.policy = policy
         self.inbox = inbox
+        self.progress = ProgressWatch(policy, topology.instances, self.env)
+        self.board = self.progress.board  # what the instances report (poprun.run.progress)
         self.output = JobOutput(
             config,
             topology,
@@ -155,6 +161,9 @@ class Supervisor:
             on_abort=policy.mpirun_aborting,
             on_exit=policy.exit_reported,
             append=policy.restarts > 0,
+            board=self.board,
+            secret=self.progress.secret,
+            on_progress=self.progress.progressed,
         )
         self.procs = JobProcesses(topology, self.output.pids)
         self.direct: DirectOutput | None = None
@@ -197,6 +206,7 @@ class Supervisor:
             left_behind=tuple(self.procs.left_behind),
             remote=tuple(p.index for p in self.topology.instances if not is_local(p.host)),
             mpirun_pid=self.procs.mpirun_pid,
+            diagnosis=self.progress.diagnosis,
         )
 
     def _launch_and_watch(self) -> None:
@@ -262,6 +272,7 @@ class Supervisor:
                         self._carry_out(proc, self.policy.mpirun_exited(proc.wait()))
                     else:
                         self._on_ready(key.fd)
+                self._carry_out(proc, self.progress.found())  # a desync ends the job
                 if not self._demux:
                     self._carry_out(proc, self.policy.streams_closed())
                 sys.stdout.flush()
@@ -297,6 +308,7 @@ class Supervisor:
         while self.inbox.job_control:
             stopped_for = self.procs.job_control(self.inbox.job_control.pop(0))
             self.policy.stopped_for(stopped_for)  # --timeout counts running time only
+            self.board.shift(stopped_for)
 
     def _finish(self, proc: subprocess.Popen[bytes], pidfd: int) -> None:
         """Close the output, reap what is left of the job, remove a killed mpirun's files."""
@@ -350,7 +362,9 @@ class Supervisor:
                 self.procs.signal_instances(signal.SIGTERM)
             elif action.do is Do.NOTIFY:
                 _send(proc.pid, action.signum)  # mpirun forwards it to every instance
-            elif action.do is Do.TIME_OUT:
+            elif action.do in DIAGNOSES and not self.progress.carry_out(action):
+                pass  # a note, or --on-hang=report: printed, the job goes on
+            elif action.do is Do.TIME_OUT or action.do in DIAGNOSES:  # ends as at --timeout
                 self._still_running = self.procs.running()
                 _send(proc.pid, signal.SIGTERM)
                 self.procs.signal_instances(signal.SIGTERM)

@@ -180,6 +180,22 @@ def _time_limit(result: RunResult) -> tuple[int, str]:
     )
 
 
+def diagnosed(code: int, report: str, diagnosis: str, *, hung: bool) -> tuple[int, str]:
+    """The exit code and report of a job poprun ended on a verdict of its progress board.
+
+    ``hung`` (``--hang-timeout``): exit :data:`~poprun.errors.EXIT_TIMEOUT` and the hang
+    report, whatever the instances' ends (poprun's SIGTERM) say. A desync: the report names
+    the two collectives; when an instance's collective had already failed (its own exit code),
+    its root-cause report follows, else the job ends with exit code 1.
+    """
+    if hung:
+        return EXIT_TIMEOUT, f"{diagnosis}\npoprun: ended the job; exit code {EXIT_TIMEOUT}"
+    if code > 0 and " raised " in report:
+        return code, f"{diagnosis}\n{report}" if diagnosis else report
+    ended = f"poprun: ended the job; exit code {EXIT_LAUNCH_FAILED}"
+    return EXIT_LAUNCH_FAILED, f"{diagnosis}\n{ended}" if diagnosis else ended
+
+
 def root_cause(result: RunResult) -> Failure | None:
     """The instance that failed first, and how, or None when nothing failed.
 

@@ -55,7 +55,7 @@ SHM = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]  # single-host d
 YIELD = ["--mca", "mpi_yield_when_idle", "1"]  # ... when threads outnumber the cores
 FORWARD = [
     *("-x", "HOME", "-x", "PATH", "-x", "POPDIST_BACKEND", "-x", "POPDIST_ERROR_RECORD"),
-    *("-x", "PYTHONUNBUFFERED"),
+    *("-x", "POPDIST_PROGRESS", "-x", "PYTHONUNBUFFERED"),
 ]
 
 
@@ -163,7 +163,10 @@ def test_every_context_forwards_the_environment_by_name() -> None:
     argv = _argv(config, forwarded=["HOME", "MY_VAR"], local_cpus=4)
     contexts = " ".join(argv).split(" : ")
     assert len(contexts) == 3
-    shared = "-x HOME -x MY_VAR -x POPDIST_BACKEND -x POPDIST_ERROR_RECORD -x PYTHONUNBUFFERED"
+    shared = (
+        "-x HOME -x MY_VAR -x POPDIST_BACKEND -x POPDIST_ERROR_RECORD -x POPDIST_PROGRESS "
+        "-x PYTHONUNBUFFERED"
+    )
     for context in contexts:
         assert f"{shared} -x POPDIST_NUM_TOTAL_REPLICAS=" in context
     assert argv.index("-x") > argv.index("-np")
@@ -252,7 +255,7 @@ def test_host_subnet_maps_to_interface_selection() -> None:
 
 def test_cache_path_goes_by_name() -> None:
     argv = _argv(_config(executable_cache_path="/tmp/with space"))
-    assert argv[10:24] == [
+    assert argv[10:26] == [
         "-np",
         "1",
         "-x",
@@ -265,6 +268,8 @@ def test_cache_path_goes_by_name() -> None:
         "POPDIST_ERROR_RECORD",
         "-x",
         "POPDIST_EXECUTABLE_CACHE_PATH",
+        "-x",
+        "POPDIST_PROGRESS",
         "-x",
         "PYTHONUNBUFFERED",
     ]

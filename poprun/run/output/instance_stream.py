@@ -5,8 +5,8 @@ a UTF-8 character split across writes is never cut: neither byte occurs inside o
 :class:`InstanceStream` gives the console PopRun's prefix ``[1,<instance>]<stdout>:`` on
 every line, copies the bytes to ``--output-dir``, keeps the stderr tail for the failure
 report and takes out three kinds of data lines: the instance's pid (its first line), its
-structured error record and, from an instance on another host, its exit status (its wrapper's
-last line, :data:`~poprun.plan.mpirun.EXIT_MARKER`).
+structured error record, its progress records (:mod:`popdist.progress`) and, from an instance
+on another host, its exit status (its wrapper's last line, :data:`~poprun.plan.mpirun.EXIT_MARKER`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from popdist.error_record import MARKER
+from popdist.progress import MARKER as PROGRESS
 from poprun.plan.mpirun import EXIT_MARKER, PID_MARKER
 
 _TRACEBACK = b"Traceback (most recent call last):"
@@ -30,6 +31,7 @@ TAIL_LINE_BYTES = 4096
 #: prefix), as mpirun forwards it: poprun's memory stays bounded whatever the program writes.
 OPEN_LINE_BYTES = 1 << 16
 RECORD_MARKER = MARKER.encode()
+PROGRESS_MARKER = PROGRESS.encode()
 #: What the error record's and the exit status's markers start with (one search per chunk).
 DATA_MARKER = b"\x1fpop"
 
@@ -126,6 +128,8 @@ class InstanceStream:
     on_record: Callable[[int, bytes], None] | None = None
     #: Called with the exit status line of an instance on another host, taken out likewise.
     on_exit: Callable[[int, bytes], None] | None = None
+    #: Called with each progress record line (``popdist.progress``), taken out likewise.
+    on_progress: Callable[[int, bytes], None] | None = None
     splitter: LineSplitter = field(default_factory=LineSplitter)
     tail: collections.deque[bytes] = field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES)
@@ -249,10 +253,14 @@ class InstanceStream:
         kept = []
         for line in text.splitlines(keepends=True):
             cut = line.find(EXIT_MARKER) if self.on_exit is not None else -1
+            if cut < 0 and self.on_progress is not None:  # a record's thread cut a line short
+                cut = line.find(PROGRESS_MARKER)
             if cut > 0:
                 kept.append(line[:cut] + b"\n")
                 line = line[cut:]
-            if line.startswith(RECORD_MARKER) and self.on_record is not None:
+            if line.startswith(PROGRESS_MARKER) and self.on_progress is not None:
+                self.on_progress(self.instance, line)
+            elif line.startswith(RECORD_MARKER) and self.on_record is not None:
                 self.on_record(self.instance, line)
             elif line.startswith(EXIT_MARKER) and self.on_exit is not None:
                 self.on_exit(self.instance, line)

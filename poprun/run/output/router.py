@@ -3,7 +3,7 @@
 The supervisor feeds it the demultiplexed output of mpirun's pipes; it owns each instance's
 :class:`~poprun.run.output.instance_stream.InstanceStream` (console, ``--output-dir`` file, stderr tail), learns
 each instance's pid from its first stderr line, collects the structured error records
-instances write, hands on the exit status of each instance on another host (its wrapper's
+instances write, puts their progress records on the progress board, hands on the exit status of each instance on another host (its wrapper's
 last line) and recognises mpirun's own failure notes. At the end it gives the ending
 policy's evidence its per-instance part (:meth:`JobOutput.results`).
 """
@@ -21,6 +21,7 @@ from poprun.config.run_config import RunConfig
 from poprun.plan.topology import Topology
 from poprun.run.evidence import ErrorRecord, ExitRecord, MpirunMessages
 from poprun.run.output.instance_stream import InstanceStream, open_output_file
+from poprun.run.progress.board import ProgressBoard, parse_line
 from poprun.run.verdict import InstanceResult
 
 
@@ -36,6 +37,9 @@ class JobOutput:
         on_abort: Callable[[], None],
         on_exit: Callable[[int, ExitRecord], None] = lambda instance, record: None,
         append: bool = False,
+        board: ProgressBoard | None = None,
+        secret: str = "",
+        on_progress: Callable[[bool], None] = lambda moved: None,
     ) -> None:
         self.config = config
         self.topology = topology
@@ -50,6 +54,10 @@ class JobOutput:
         self._exited: set[int] = set()  # instances whose exit status came
         self._append = append  # a restart adds to the files of the attempt before
         self._aborting = False
+        #: The instances' progress records, with the job's secret (:mod:`popdist.progress`).
+        self.board = board
+        self._secret = secret
+        self._on_progress = on_progress
 
     def open_files(self) -> None:
         """With ``--output-dir``: every instance gets its two files, even if it stays silent."""
@@ -83,6 +91,7 @@ class JobOutput:
                 on_pid=self._pid if stderr else None,
                 on_record=self._record if stderr else None,
                 on_exit=self._exit if stderr else None,
+                on_progress=self._progress if stderr and self.board is not None else None,
             )
             self.streams[key] = stream
         return stream
@@ -111,6 +120,15 @@ class JobOutput:
         if record is not None and instance not in self.records:
             log.debug(f"instance {instance} raised {record.type}")
             self.records[instance] = (time.monotonic(), record)
+
+    def _progress(self, instance: int, line: bytes) -> None:
+        """A progress record: onto the board (one without the job's secret is dropped)."""
+        fields = parse_line(line, self._secret)
+        if fields is None or self.board is None:
+            log.debug(f"instance {instance}: a progress line without this job's secret, dropped")
+            return
+        fields["instance"] = instance  # the stream it came on says who sent it
+        self._on_progress(self.board.update(fields))
 
     def _exit(self, instance: int, line: bytes) -> None:
         record = ExitRecord.from_line(line)

@@ -1,0 +1,438 @@
+"""Progress, measured where it happens: an instance's collectives and steps, reported to poprun.
+
+When poprun asks (``POPDIST_PROGRESS`` holds the job's secret, :mod:`popdist.env`), every
+collective the project issues through :mod:`popdist.collectives` gets a per-instance
+sequence number, its kind, name, size, shape, dtype, call site and start time
+(:func:`instrument` wraps a backend object's methods), and the executor counts its steps and
+samples (:func:`step`). What the hot path does is a counter increment and a tuple store;
+everything else happens on a reporter thread, which writes one marked line to the
+instance's stderr about once a second (:data:`INTERVAL_S`), or at once when a collective has
+been waited for longer than :data:`PENDING_S`. Like the error record
+(:mod:`popdist.error_record`) the line reaches poprun through the instance's stderr, the
+channel mpirun forwards from every host (one host, ssh, a Slurm allocation), and poprun's
+router takes it out of the output; the secret keeps a program's own output from passing
+for one.
+
+The reporter, not a signal handler, gathers the stacks of the instance's threads: when the
+instance has made no progress for ``POPDIST_PROGRESS_STACKS`` seconds (poprun sets it to half
+of ``--hang-timeout``), each record carries every thread's innermost frames, so poprun has
+them when it calls the job hung. The thread needs the GIL only, which an instance blocked in a
+collective (MPI, gloo and Horovod wait without it), in ``time.sleep`` or on a lock has
+released.
+
+A collective that raises marks the instance as failed: its record goes out at once (poprun
+compares it with its peers': a *desync*), and the process ends with exit code 1 when the
+interpreter exits (:func:`_end_after_failure`), even if the program swallowed the error,
+because finalising a backend whose peers are out of step hangs (MPI's finalize waits for
+them); mpirun then ends the others.
+
+Without ``POPDIST_PROGRESS`` nothing is wrapped and no thread starts: a plain ``python
+script.py`` pays nothing. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from types import FrameType
+    from typing import Any
+
+    # A call: (seq, kind, name, nbytes, shape, dtype, site, started), site (file, line, function).
+    Call = tuple[Any, ...]
+
+#: Starts a progress line; the job's secret and one space follow, then a JSON object.
+MARKER = "\x1fpopdist-progress="
+#: How often the reporter writes a record (seconds).
+INTERVAL_S = 1.0
+#: A collective waited for this long is reported at once, not at the next interval.
+PENDING_S = 0.5
+#: How often the reporter looks (a fraction of the above).
+TICK_S = 0.25
+#: How many of the last collectives each record repeats (poprun compares them: desync).
+RECENT = 8
+#: How many innermost frames of each thread a record carries.
+STACK_FRAMES = 12
+
+#: The methods :func:`instrument` wraps: the name, its kind in the records, and how it
+#: waits (``async``: issued now, waited by ``wait``; ``wait``; ``call``: issued and waited).
+TRACED: tuple[tuple[str, str, str], ...] = (
+    ("allreduce_async_", "allreduce", "async"),
+    ("wait", "wait", "wait"),
+    ("allreduce_", "allreduce", "call"),
+    ("broadcast_", "broadcast", "call"),
+    ("allgather", "allgather", "call"),
+    ("barrier", "barrier", "call"),
+    ("broadcast_tensors", "broadcast_tensors", "call"),
+    ("broadcast_object", "broadcast_object", "call"),
+    ("broadcast_optimizer_state", "broadcast_optimizer_state", "call"),
+)
+
+
+class Tracker:
+    """This process's collectives and steps, counted on the hot path, read by the reporter."""
+
+    def __init__(self) -> None:
+        self.seq = 0  # collectives issued
+        self.done = 0  # collectives finished
+        self.steps = 0
+        self.samples = 0
+        self.step_s = 0.0  # summed duration of the steps
+        self.wait_s = 0.0  # summed time blocked in collectives
+        self.bytes_reduced = 0
+        self.depth = 0  # a traced call inside another is part of it
+        self.blocked: Call | None = None  # the collective the program waits in now
+        self.blocked_since = 0.0
+        self.inflight: dict[Any, list[Call]] = {}  # handle -> the allreduces it stands for
+        self.recent: collections.deque[Call] = collections.deque(maxlen=RECENT)
+        self.failed: Call | None = None
+        self.failure = ""
+
+
+#: The process's tracker; ``None`` when poprun did not ask (nothing is counted).
+tracker: Tracker | None = None
+_reporter: Reporter | None = None
+_skip: tuple[str, ...] = ()  # file prefixes of the libraries between the program and a collective
+
+
+def _site() -> tuple[str, int, str]:
+    """The innermost frame outside popdist, its executor, Lightning and torch: who called."""
+    global _skip
+    if not _skip:
+        _skip = _library_prefixes()
+    frame: FrameType | None = sys._getframe(2)
+    first: FrameType | None = frame
+    for _ in range(64):
+        if frame is None:
+            break
+        code = frame.f_code
+        if not code.co_filename.startswith(_skip):
+            return (code.co_filename, frame.f_lineno, code.co_name)
+        frame = frame.f_back
+    if first is None:
+        return ("?", 0, "?")
+    return (first.f_code.co_filename, first.f_lineno, first.f_code.co_name)
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    prefixes = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    for name in ("popdist_torch", "popdist_lightning", "torch", "lightning", "pytorch_lightning"):
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            prefixes.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    prefixes.append(os.path.dirname(threading.__file__) + os.sep + "threading.py")
+    prefixes.append(os.path.dirname(threading.__file__) + os.sep + "contextlib.py")
+    return tuple(prefixes)
+
+
+def _issue(t: Tracker, kind: str, name: str | None, tensor: Any) -> Call:
+    t.seq += 1
+    shape: tuple[int, ...] = ()
+    dtype = ""
+    nbytes = 0
+    if tensor is not None and hasattr(tensor, "element_size"):
+        shape = tuple(tensor.shape)
+        dtype = tensor.dtype
+        nbytes = tensor.numel() * tensor.element_size()
+    call = (t.seq, kind, name or "", nbytes, shape, dtype, _site(), time.monotonic())
+    t.recent.append(call)
+    return call
+
+
+def _fail(t: Tracker, call: Call, error: BaseException) -> None:
+    if isinstance(error, KeyboardInterrupt) or t.failed is not None:
+        return
+    t.failed = call
+    t.failure = f"{type(error).__name__}: {error}"
+    import atexit
+
+    atexit.register(_end_after_failure)  # registered last: runs first
+    if _reporter is not None:
+        _reporter.emit()
+
+
+def _end_after_failure() -> None:
+    """At interpreter exit after a failed collective: exit 1 now, before any backend is
+    finalised (it would wait for peers that are out of step)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed stream must not stop the exit
+            continue
+    os._exit(1)
+
+
+def _wrap(t: Tracker, method: Callable[..., Any], kind: str, mode: str) -> Callable[..., Any]:
+    if mode == "async":
+        return _wrap_async(t, method, kind)
+    if mode == "wait":
+        return _wrap_wait(t, method)
+    return _wrap_call(t, method, kind)
+
+
+def _wrap_async(t: Tracker, method: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    """An asynchronous allreduce: issued now, done when its handle is waited for."""
+
+    def issue(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if t.depth:
+            return method(tensor, *args, **kwargs)
+        call = _issue(t, kind, kwargs.get("name"), tensor)
+        t.bytes_reduced += call[3]
+        try:
+            handle = method(tensor, *args, **kwargs)
+        except BaseException as error:
+            _fail(t, call, error)
+            raise
+        try:
+            t.inflight.setdefault(handle, []).append(call)
+        except TypeError:  # an unhashable handle: counted as done at once
+            t.done += 1
+        return handle
+
+    return issue
+
+
+def _wrap_wait(t: Tracker, method: Callable[..., Any]) -> Callable[..., Any]:
+    """Waiting for a handle: the program blocks in the allreduces it stands for."""
+
+    def wait(handle: Any) -> Any:
+        if t.depth:
+            return method(handle)
+        try:
+            calls = t.inflight.pop(handle, None)
+        except TypeError:
+            calls = None
+        t.depth += 1
+        t.blocked = calls[0] if calls else None
+        start = t.blocked_since = time.monotonic()
+        try:
+            return method(handle)
+        except BaseException as error:
+            if t.blocked is not None:
+                _fail(t, t.blocked, error)
+            raise
+        finally:
+            t.depth -= 1
+            t.blocked = None
+            t.wait_s += time.monotonic() - start
+            t.done += len(calls) if calls else 0
+
+    return wait
+
+
+def _wrap_call(t: Tracker, method: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    """A collective issued and waited for in one call."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if t.depth:
+            return method(*args, **kwargs)
+        tensor = args[0] if args else None
+        issued = _issue(t, kind, kwargs.get("name"), tensor)
+        if kind == "allreduce":
+            t.bytes_reduced += issued[3]
+        t.depth += 1
+        t.blocked = issued
+        start = t.blocked_since = time.monotonic()
+        try:
+            result = method(*args, **kwargs)
+        except BaseException as error:
+            _fail(t, issued, error)
+            raise
+        finally:
+            t.depth -= 1
+            t.blocked = None
+            t.wait_s += time.monotonic() - start
+        t.done += 1
+        return result
+
+    return call
+
+
+def instrument(backend: Any) -> Any:
+    """Wrap ``backend``'s collectives (instance attributes shadowing its methods) when poprun
+    asked for progress; otherwise leave it untouched. Returns ``backend``. Idempotent."""
+    t = tracker
+    if t is None or getattr(backend, "_progress_traced", False):
+        return backend
+    for attribute, kind, mode in TRACED:
+        method = getattr(backend, attribute, None)
+        if method is not None:
+            setattr(backend, attribute, _wrap(t, method, kind, mode))
+    backend._progress_traced = True
+    return backend
+
+
+def step(samples: int, seconds: float) -> None:
+    """One executor call finished: ``samples`` processed in ``seconds``."""
+    t = tracker
+    if t is not None:
+        t.steps += 1
+        t.samples += samples
+        t.step_s += seconds
+
+
+# -- the reporter ---------------------------------------------------------------------------
+def _call_fields(call: Call | None, now: float) -> list[Any] | None:
+    if call is None:
+        return None
+    seq, kind, name, nbytes, shape, dtype, site, started = call
+    return [seq, kind, name, nbytes, list(shape), str(dtype).removeprefix("torch."), list(site),
+            round(now - started, 3)]  # fmt: skip
+
+
+def _stacks(skip: int) -> list[dict[str, Any]]:
+    """Every thread's innermost frames (file, line, function, source line), but ``skip``'s."""
+    import linecache
+
+    names = {th.ident: th.name for th in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        if ident == skip:
+            continue
+        frames: list[list[Any]] = []
+        f: FrameType | None = frame
+        while f is not None and len(frames) < STACK_FRAMES:
+            code = f.f_code
+            text = linecache.getline(code.co_filename, f.f_lineno).strip()
+            frames.append([code.co_filename, f.f_lineno, code.co_name, text])
+            f = f.f_back
+        out.append({"thread": names.get(ident, f"thread {ident}"), "frames": frames})
+    return out
+
+
+def _rss() -> tuple[int, int]:
+    """Resident and peak resident bytes of this process."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            resident = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        resident = 0
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except (ImportError, OSError):
+        peak = resident
+    return resident, max(peak, resident)
+
+
+class Reporter:
+    """The thread that writes this instance's progress records to its stderr."""
+
+    def __init__(self, t: Tracker, secret: str, stacks_after: float, environ: Mapping[str, str]):
+        from popdist import env
+
+        self.t = t
+        self.secret = secret
+        self.stacks_after = stacks_after
+        index = environ.get(env.INSTANCE_INDEX) or environ.get(env.OMPI_RANK) or "0"
+        self.instance = int(index) if index.strip().isdigit() else 0
+        self.host = environ.get(env.HOST) or os.uname().nodename
+        self.lock = threading.Lock()
+        self.last_emit = 0.0
+        self.reported_blocked: Call | None = None
+        self.moved_at = time.monotonic()
+        self.seen: tuple[int, int, int] = (-1, -1, -1)
+        self.thread = threading.Thread(target=self._run, name="popdist-progress", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def record(self, now: float) -> dict[str, Any]:
+        """This instance's figures now (what one line carries)."""
+        t = self.t
+        counters = (t.seq, t.done, t.steps)
+        if counters != self.seen:
+            self.seen, self.moved_at = counters, now
+        blocked = t.blocked
+        rss, peak = _rss()
+        fields: dict[str, Any] = {
+            "instance": self.instance,
+            "host": self.host,
+            "pid": os.getpid(),
+            "seq": t.seq,
+            "done": t.done,
+            "steps": t.steps,
+            "samples": t.samples,
+            "step_s": round(t.step_s, 6),
+            "wait_s": round(t.wait_s + (now - t.blocked_since if blocked else 0.0), 6),
+            "bytes": t.bytes_reduced,
+            "rss": rss,
+            "rss_peak": peak,
+            "idle_s": round(now - self.moved_at, 3),
+            "pending": _call_fields(blocked, now),
+            "blocked_s": round(now - t.blocked_since, 3) if blocked else 0.0,
+            "recent": [_call_fields(c, now) for c in list(t.recent)],
+            "failed": _call_fields(t.failed, now),
+            "failure": t.failure,
+        }
+        if self.stacks_after > 0 and now - self.moved_at >= self.stacks_after:
+            fields["stacks"] = _stacks(threading.get_ident())
+        return fields
+
+    def emit(self) -> None:
+        """Write one record now (the reporter's thread, or a failing collective's)."""
+        import json
+
+        with self.lock:
+            now = time.monotonic()
+            self.last_emit = now
+            self.reported_blocked = self.t.blocked
+            try:
+                line = f"{MARKER}{self.secret} {json.dumps(self.record(now))}\n".encode()
+            except Exception:  # a record must never break the program
+                return
+            try:
+                while line:
+                    line = line[os.write(2, line) :]
+            except OSError:
+                pass
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(TICK_S)
+            t = self.t
+            now = time.monotonic()
+            blocked = t.blocked
+            late = (
+                blocked is not None
+                and blocked is not self.reported_blocked
+                and now - t.blocked_since >= PENDING_S
+            )
+            if late or now - self.last_emit >= INTERVAL_S:
+                self.emit()
+
+
+def _stop_in_child() -> None:
+    """A forked child (a DataLoader worker) is not the instance: it reports nothing."""
+    global tracker, _reporter
+    tracker, _reporter = None, None
+
+
+def start_if_asked(environ: Mapping[str, str] | None = None) -> bool:
+    """Start counting and reporting when poprun asked (``POPDIST_PROGRESS``); idempotent."""
+    global tracker, _reporter
+    from popdist import env
+
+    environ = os.environ if environ is None else environ
+    secret = environ.get(env.PROGRESS, "").strip()
+    if not secret:
+        return False
+    if tracker is not None:
+        return True
+    try:
+        stacks_after = float(environ.get(env.PROGRESS_STACKS, "0") or 0)
+    except ValueError:
+        stacks_after = 0.0
+    tracker = Tracker()
+    _reporter = Reporter(tracker, secret, stacks_after, environ)
+    _reporter.start()
+    os.register_at_fork(after_in_child=_stop_in_child)
+    return True

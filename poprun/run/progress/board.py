@@ -1,0 +1,307 @@
+"""The progress board: each instance's latest figures, from the progress records it sends.
+
+An instance that imports ``popdist`` under poprun writes a progress record to its stderr
+about once a second (:mod:`popdist.progress`): one line, :data:`~popdist.progress.MARKER`,
+the job's secret, a space and a JSON object. The router (:mod:`poprun.run.output.router`)
+takes the line out of the output and hands it to :meth:`ProgressBoard.update`, which keeps
+the instance's figures (:class:`InstanceFigures`) and the collectives it last issued
+(:class:`CollectiveCall`), by sequence number, so that two instances' calls at one sequence
+number can be compared (:meth:`ProgressBoard.desync`).
+
+Times on the board are poprun's monotonic clock: an instance's own clock never leaves it;
+a record says how long ago its collective started, and the board subtracts that from the
+time the record arrived.
+
+The supervisor's thread updates the board; the status endpoint's thread reads it
+(:meth:`ProgressBoard.snapshot`): a lock keeps the two apart.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from popdist.progress import MARKER
+
+#: How many of an instance's collectives the board keeps by sequence number.
+KEPT_CALLS = 256
+MARKER_BYTES = MARKER.encode()
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One collective an instance issued."""
+
+    seq: int
+    kind: str
+    name: str
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    #: Where the program called it: ``file:line in function``.
+    site: str
+    #: When it started, on poprun's monotonic clock.
+    started: float
+
+    @property
+    def signature(self) -> tuple[str, tuple[int, ...], str]:
+        """What every instance's call at one sequence number must share."""
+        return (self.kind, self.shape, self.dtype)
+
+    def describe(self) -> str:
+        """``#7 allreduce 'name' (16, 4) float32``."""
+        name = f" {self.name!r}" if self.name else ""
+        tensor = f" {self.shape} {self.dtype}" if self.dtype else ""
+        return f"#{self.seq} {self.kind}{name}{tensor}"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a thread's stack."""
+
+    file: str
+    line: int
+    function: str
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread's innermost frames, innermost first."""
+
+    thread: str
+    frames: tuple[Frame, ...]
+
+
+@dataclass(frozen=True)
+class InstanceFigures:
+    """One instance as its last progress record showed it."""
+
+    instance: int
+    host: str
+    steps: int
+    samples: int
+    #: Mean duration of a step (an executor call), seconds; 0 before the first.
+    step_time_s: float
+    #: Time spent waiting in collectives, seconds.
+    wait_s: float
+    #: Collectives finished.
+    collectives: int
+    bytes_reduced: int
+    rss_bytes: int
+    rss_peak_bytes: int
+    #: poprun monotonic time of its last progress (a collective issued or finished, a step).
+    last_progress: float
+    #: The collective it waits in now, if any.
+    pending: CollectiveCall | None
+    pid: int = 0
+    #: Collectives issued (the sequence number of the last one).
+    issued: int = 0
+    #: When its last record arrived (poprun monotonic time).
+    reported_at: float = 0.0
+    #: Its threads' stacks, when it had made no progress for a while (``--hang-timeout``).
+    stacks: tuple[ThreadStack, ...] = ()
+    #: The collective that raised in it, and the error.
+    failed: CollectiveCall | None = None
+    failure: str = ""
+
+
+@dataclass(frozen=True)
+class Desync:
+    """Two instances issued different collectives at one sequence number."""
+
+    seq: int
+    first: tuple[int, str, CollectiveCall]  # instance, host, call
+    second: tuple[int, str, CollectiveCall]
+
+
+def parse_line(line: bytes, secret: str) -> dict[str, Any] | None:
+    """The JSON object of one progress line carrying ``secret``; None for anything else."""
+    text = line.strip()
+    if not text.startswith(MARKER_BYTES):
+        return None
+    head, _, body = text[len(MARKER_BYTES) :].partition(b" ")
+    if not secret or head.decode("utf-8", "replace") != secret:
+        return None
+    try:
+        fields = json.loads(body)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) and isinstance(fields.get("instance"), int) else None
+
+
+def _call(raw: Any, now: float) -> CollectiveCall | None:
+    """A record's call ``[seq, kind, name, nbytes, shape, dtype, [file, line, fn], age]``."""
+    if not isinstance(raw, list) or len(raw) < 8:
+        return None
+    try:
+        seq, kind, name, nbytes, shape, dtype, site, age = raw[:8]
+        file, line, function = site
+        return CollectiveCall(
+            seq=int(seq),
+            kind=str(kind),
+            name=str(name),
+            nbytes=int(nbytes),
+            shape=tuple(int(n) for n in shape),
+            dtype=str(dtype),
+            site=f"{file}:{int(line)} in {function}",
+            started=now - float(age),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def _stacks(raw: Any) -> tuple[ThreadStack, ...]:
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for thread in raw:
+        try:
+            frames = tuple(
+                Frame(str(f[0]), int(f[1]), str(f[2]), str(f[3]) if len(f) > 3 else "")
+                for f in thread["frames"]
+            )
+            out.append(ThreadStack(str(thread["thread"]), frames))
+        except (KeyError, TypeError, ValueError, IndexError):
+            continue
+    return tuple(out)
+
+
+@dataclass
+class _Instance:
+    figures: InstanceFigures
+    counters: tuple[int, int, int]
+    calls: dict[int, CollectiveCall] = field(default_factory=dict)
+
+
+class ProgressBoard:
+    """Every instance's latest figures; fed by the router, read by anyone (thread-safe)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._instances: dict[int, _Instance] = {}
+        self._desync: Desync | None = None
+
+    def update(self, fields: dict[str, Any]) -> bool:
+        """Take one instance's record; whether it shows progress since its last one."""
+        now = self.clock()
+        index = int(fields["instance"])
+        num = _numbers(fields)
+        counters = (num["seq"], num["done"], num["steps"])
+        calls = [_call(c, now) for c in fields.get("recent") or ()]
+        pending = _call(fields.get("pending"), now)
+        failed = _call(fields.get("failed"), now)
+        with self._lock:
+            known = self._instances.get(index)
+            moved = known is None or counters != known.counters
+            last = now if moved or known is None else known.figures.last_progress
+            steps = num["steps"]
+            figures = InstanceFigures(
+                instance=index,
+                host=str(fields.get("host", "")),
+                steps=steps,
+                samples=num["samples"],
+                step_time_s=num["step_s"] / steps if steps else 0.0,
+                wait_s=num["wait_s"],
+                collectives=num["done"],
+                bytes_reduced=num["bytes"],
+                rss_bytes=num["rss"],
+                rss_peak_bytes=num["rss_peak"],
+                last_progress=last,
+                pending=pending,
+                pid=num["pid"],
+                issued=num["seq"],
+                reported_at=now,
+                stacks=_stacks(fields.get("stacks")),
+                failed=failed,
+                failure=str(fields.get("failure") or ""),
+            )
+            entry = self._instances.get(index)
+            if entry is None:
+                entry = self._instances[index] = _Instance(figures, counters)
+            entry.figures, entry.counters = figures, counters
+            for call in (*calls, pending, failed):
+                if call is not None:
+                    entry.calls.setdefault(call.seq, call)
+                    self._compare(index, figures.host, call)
+            while len(entry.calls) > KEPT_CALLS:
+                entry.calls.pop(min(entry.calls))
+        return moved
+
+    def _compare(self, index: int, host: str, call: CollectiveCall) -> None:
+        if self._desync is not None:
+            return
+        for other, entry in sorted(self._instances.items()):
+            theirs = entry.calls.get(call.seq)
+            if other != index and theirs is not None and theirs.signature != call.signature:
+                mine = (index, host, call)
+                peer = (other, entry.figures.host, theirs)
+                first, second = sorted((mine, peer), key=lambda side: side[0])
+                self._desync = Desync(call.seq, first, second)
+                return
+
+    def snapshot(self) -> list[InstanceFigures]:
+        """Every instance that reported, by index."""
+        with self._lock:
+            return [self._instances[i].figures for i in sorted(self._instances)]
+
+    def desync(self) -> Desync | None:
+        """The first two calls found to differ at one sequence number, if any."""
+        with self._lock:
+            return self._desync
+
+    def last_progress(self) -> float | None:
+        """When any instance last made progress (None: none reported yet)."""
+        with self._lock:
+            return max((e.figures.last_progress for e in self._instances.values()), default=None)
+
+    def shift(self, seconds: float) -> None:
+        """poprun was stopped (Ctrl-Z) this long: the instances' quiet time does not count."""
+        with self._lock:
+            for entry in self._instances.values():
+                f = entry.figures
+                entry.figures = _shifted(f, seconds)
+
+
+def _shifted(f: InstanceFigures, seconds: float) -> InstanceFigures:
+    from dataclasses import replace
+
+    pending = f.pending
+    if pending is not None:
+        pending = replace(pending, started=pending.started + seconds)
+    return replace(f, last_progress=f.last_progress + seconds, pending=pending)
+
+
+_NUMBERS: tuple[tuple[str, type], ...] = (
+    ("seq", int),
+    ("done", int),
+    ("steps", int),
+    ("samples", int),
+    ("step_s", float),
+    ("wait_s", float),
+    ("bytes", int),
+    ("rss", int),
+    ("rss_peak", int),
+    ("pid", int),
+)
+
+
+def _numbers(fields: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, kind in _NUMBERS:
+        try:
+            out[name] = kind(fields.get(name) or 0)
+        except (TypeError, ValueError):
+            out[name] = kind(0)
+    return out
+
+
+def calls_of(board: ProgressBoard, instance: int) -> Iterable[CollectiveCall]:
+    """The collectives the board keeps of ``instance``, by sequence number (for reports)."""
+    with board._lock:
+        entry = board._instances.get(instance)
+        return [entry.calls[s] for s in sorted(entry.calls)] if entry else []
