@@ -4,7 +4,9 @@
 ``"ipu_strategy"`` strategy, so ``Trainer(accelerator="ipu", devices=N)`` runs on
 popdist_torch's executor with ``N`` local replicas per instance, with or without an
 explicit ``strategy=IPUStrategy(...)``; processes come from ``poprun``, never from
-Lightning. See ``docs/lightning.md``.
+Lightning. ``popdist_lightning.Trainer`` is Lightning's Trainer that names the Lightning 2
+replacement of a Lightning 1.x argument (``ipus=N``...) instead of a bare ``TypeError``.
+See ``docs/lightning.md``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from popdist_lightning.errors import IPUStrategyError
 from popdist_lightning.precision import IPUPrecision
 from popdist_lightning.registry import register
 from popdist_lightning.strategy import IPUStrategy
+from popdist_lightning.trainer import Trainer
 
 __all__ = [
     "IPUAccelerator",
@@ -22,6 +25,7 @@ __all__ = [
     "IPUStrategy",
     "IPUStrategyError",
     "PopdistEnvironment",
+    "Trainer",
 ]
 
 register()

@@ -14,7 +14,9 @@ from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor
 from torch.optim import Optimizer
 
-__all__ = ["IPUPrecision"]
+from popdist_lightning.errors import IPUStrategyError
+
+__all__ = ["IPUPrecision", "as_ipu_precision"]
 
 
 class IPUPrecision(Precision):
@@ -35,3 +37,16 @@ class IPUPrecision(Precision):
 
     def clip_gradients(self, *args: Any, **kwargs: Any) -> None:
         """Unreachable: the strategy rejects gradient clipping before training starts."""
+
+
+def as_ipu_precision(plugin: Precision | None) -> Precision | None:
+    """The plugin IPUStrategy keeps for ``plugin``: Lightning's plain float32 one becomes
+    :class:`IPUPrecision`; any other precision is refused (the executor trains in float32)."""
+    if plugin is None or isinstance(plugin, IPUPrecision):
+        return plugin
+    if type(plugin) is not Precision:
+        raise IPUStrategyError(
+            f"precision plugin {type(plugin).__name__} is not supported by IPUStrategy: it "
+            f"trains in float32 (leave Trainer(precision=...) at its default)"
+        )
+    return IPUPrecision()

@@ -66,6 +66,7 @@ from popdist_torch.pipeline import (
     removeBlocks,
 )
 from popdist_torch.surface import profiling
+from popdist_torch.surface.graph_ops import register as _register_graph_ops
 from popdist_torch.surface.ops import (
     CPU,
     MultiConv,
@@ -189,6 +190,8 @@ __all__ = [
     "set_overlap_for_output",
     "trainingModel",
 ]
+
+_register_graph_ops()  # torch.ops.poptorch.*, as PopTorch registers them
 
 #: Names PopTorch deprecated and later removed: reachable, with a warning on access.
 _DEPRECATED = {"AnchorMode": "poptorch.OutputMode (PopTorch 2.4 renamed AnchorMode)"}

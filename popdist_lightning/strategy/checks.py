@@ -1,4 +1,4 @@
-"""What IPUStrategy refuses, each with the one-line fix: arguments, Trainer, loaders.
+"""What IPUStrategy refuses, each with the one-line fix: arguments, accelerator, Trainer.
 
 Every check raises :class:`~popdist_lightning.errors.IPUStrategyError` naming the value
 and what to do instead; nothing is started or changed before it passes.
@@ -6,6 +6,7 @@ and what to do instead; nothing is started or changed before it passes.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import popdist
@@ -16,25 +17,33 @@ __all__ = [
     "check_accelerator",
     "check_arguments",
     "check_devices",
-    "check_loader",
     "check_optimizers",
     "check_trainer",
 ]
 
 
 def check_arguments(
-    autoreport: bool,
-    autoreport_dir: str | None,
+    autoreport: Any,
+    autoreport_dir: Any,
+    autoreport_options: Any,
     device_iterations: Any,
     training_opts: Any,
     inference_opts: Any,
 ) -> None:
     """``IPUStrategy(...)``'s own arguments."""
-    if autoreport or autoreport_dir is not None:
+    if not isinstance(autoreport, bool):
+        raise IPUStrategyError(f"IPUStrategy(autoreport={autoreport!r}): expected True or False")
+    if autoreport_dir is not None and not isinstance(autoreport_dir, (str, os.PathLike)):
         raise IPUStrategyError(
-            "IPUStrategy(autoreport=True / autoreport_dir=...): PopVision reports come from "
-            "Poplar, which popdist_torch does not use; leave autoreport unset and profile "
-            "with Trainer(profiler='simple') or torch.profiler"
+            f"IPUStrategy(autoreport_dir={autoreport_dir!r}): expected a directory path"
+        )
+    if autoreport_options is not None and (
+        not isinstance(autoreport_options, dict)
+        or not all(isinstance(key, str) for key in autoreport_options)
+    ):
+        raise IPUStrategyError(
+            f"IPUStrategy(autoreport_options={autoreport_options!r}): expected a dict of "
+            f"option names to values (Poplar's autoReport.* options, recorded in the report)"
         )
     if device_iterations is not None and (
         isinstance(device_iterations, bool)
@@ -66,14 +75,19 @@ def check_accelerator(accelerator: Any) -> None:
         )
 
 
-def check_devices(replication_factor: int) -> None:
-    """``Trainer(devices=...)`` against the local replicas poprun gave the instance."""
+def check_devices(replication_factor: int, source: str) -> None:
+    """The local replicas (``source``: how they were asked for) against poprun's."""
     if popdist.isPopdistEnvSet() and replication_factor != popdist.getNumLocalReplicas():
+        local = popdist.getNumLocalReplicas()
+        fix = (
+            f"pass devices={local} or devices='auto'"
+            if source.startswith("Trainer(")
+            else f"make it replicationFactor({local}) or drop it"
+        )
         raise IPUStrategyError(
-            f"Trainer(devices={replication_factor}) but poprun gave this instance "
-            f"{popdist.getNumLocalReplicas()} local replicas (--num-replicas "
+            f"{source} but poprun gave this instance {local} local replicas (--num-replicas "
             f"{popdist.getNumTotalReplicas()} over {popdist.getNumInstances()} instances): "
-            f"pass devices={popdist.getNumLocalReplicas()} or devices='auto'"
+            f"{fix}"
         )
 
 
@@ -105,25 +119,4 @@ def check_optimizers(optimizers: list[Any]) -> None:
         raise IPUStrategyError(
             f"configure_optimizers returned {len(optimizers)} optimizers: IPUStrategy "
             f"trains with exactly one (the executor steps it)"
-        )
-
-
-def check_loader(loader: poptorch.DataLoader, opts: poptorch.Options) -> None:
-    """A user's popdist_torch DataLoader must be built with the strategy's options."""
-    theirs = loader.options
-    mine = (
-        opts.device_iterations,
-        opts.replication_factor,
-        opts.Training.gradient_accumulation,
-    )
-    got = (
-        theirs.device_iterations,
-        theirs.replication_factor,
-        theirs.Training.gradient_accumulation,
-    )
-    if got != mine:
-        raise IPUStrategyError(
-            f"a poptorch.DataLoader built with (deviceIterations, replicationFactor, "
-            f"gradientAccumulation) = {got} feeds a model run with {mine}: build it with the "
-            f"strategy's options, or return a torch DataLoader and let IPUStrategy rebuild it"
         )

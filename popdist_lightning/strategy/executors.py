@@ -7,6 +7,7 @@ first call around a wrapper module (``step.py``), and kept until the options cha
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from torch.utils._pytree import tree_flatten
 import popdist_torch as poptorch
 from popdist_lightning.errors import IPUStrategyError
 from popdist_lightning.strategy.options import SHARDED_NOTE
+from popdist_lightning.strategy.report import AutoReport
 from popdist_lightning.strategy.step import FlatStepModule, StepModule, flat_step_module
 from popdist_torch.pipeline import PipelineError, ShardedExecution
 
@@ -37,6 +39,8 @@ class StepExecutors:
         self.training_opts: poptorch.Options | None = None
         self.inference_opts: poptorch.Options | None = None
         self.pipelined = False
+        #: Set by ``IPUStrategy(autoreport=True)``: times every call, collects its schedule.
+        self.report: AutoReport | None = None
         self._executors: dict[str, poptorch.PoplarExecutor] = {}
         self._steps: dict[str, StepModule] = {}
 
@@ -80,8 +84,19 @@ class StepExecutors:
         self, module: Any, optimizer: Any, step: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """Run ``module``'s ``step`` through its executor; log what it logged; its result."""
+        with self.report.call(step) if self.report is not None else contextlib.nullcontext():
+            outputs = self._run_call(module, optimizer, step, args, kwargs)
+        wrapper = self._steps[step]
+        values, result = wrapper.split(outputs)
+        for (name, log_kwargs), value in zip(wrapper.calls, values, strict=True):
+            module.log(name, value.float().mean(), **log_kwargs)
+        return result
+
+    def _run_call(
+        self, module: Any, optimizer: Any, step: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         try:
-            outputs = self._call(module, optimizer, step, args, kwargs)
+            return self._call(module, optimizer, step, args, kwargs)
         except PipelineError:
             # Block(ipu_id=...) contexts found on the first call staged the model as a
             # pipeline, which one micro-batch per update cannot fill: shard it instead.
@@ -96,12 +111,7 @@ class StepExecutors:
             rank_zero_info(SHARDED_NOTE)
             opts.setExecutionStrategy(ShardedExecution())
             self._executors.pop(step).destroy()
-            outputs = self._call(module, optimizer, step, args, kwargs)
-        wrapper = self._steps[step]
-        values, result = wrapper.split(outputs)
-        for (name, log_kwargs), value in zip(wrapper.calls, values, strict=True):
-            module.log(name, value.float().mean(), **log_kwargs)
-        return result
+            return self._call(module, optimizer, step, args, kwargs)
 
     def release(self) -> None:
         """Destroy every executor (their gradient hooks) and forget the wrappers."""

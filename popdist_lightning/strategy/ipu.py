@@ -24,6 +24,8 @@ contradict those arguments.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,19 +43,23 @@ import popdist
 import popdist_torch as poptorch
 from popdist_lightning import collectives
 from popdist_lightning.environment import PopdistEnvironment
-from popdist_lightning.errors import IPUStrategyError
-from popdist_lightning.precision import IPUPrecision
+from popdist_lightning.legacy import check_hooks
+from popdist_lightning.precision import IPUPrecision, as_ipu_precision
 from popdist_lightning.strategy.checks import (
     check_accelerator,
     check_arguments,
     check_devices,
-    check_loader,
     check_optimizers,
     check_trainer,
 )
 from popdist_lightning.strategy.executors import StepExecutors
-from popdist_lightning.strategy.loaders import to_poptorch_loader
-from popdist_lightning.strategy.options import complete_options, seed_shuffling
+from popdist_lightning.strategy.loaders import adopt_poptorch_loader, to_poptorch_loader
+from popdist_lightning.strategy.options import (
+    complete_options,
+    resolve_replicas,
+    seed_shuffling,
+)
+from popdist_lightning.strategy.report import make_report
 from popdist_torch.pipeline import has_block_annotations
 
 __all__ = ["IPUStrategy"]
@@ -64,8 +70,12 @@ class IPUStrategy(ParallelStrategy):
 
     ``device_iterations``: weight updates (or inference batches) per executor call, for
     options the user did not give. ``training_opts`` / ``inference_opts``: the user's
-    ``poptorch.Options``. ``autoreport``: PopVision reports, which need Poplar: only
-    ``False`` is accepted.
+    ``poptorch.Options``; a ``replicationFactor(n)`` there gives the replicas when
+    ``Trainer(devices=...)`` is 1 or left out. ``autoreport=True``: write the executor's
+    schedule profile to ``autoreport_dir`` (default: ``<default_root_dir>/autoreport``)
+    when each Trainer stage ends (:mod:`~popdist_lightning.strategy.report`), where
+    Lightning 1.9 had Poplar write PopVision reports; ``autoreport_options`` (Poplar's
+    ``autoReport.*`` engine options) are recorded in it.
     """
 
     strategy_name = "ipu_strategy"
@@ -75,14 +85,26 @@ class IPUStrategy(ParallelStrategy):
         accelerator: Accelerator | None = None,
         device_iterations: int | None = None,
         autoreport: bool = False,
-        autoreport_dir: str | None = None,
+        autoreport_dir: str | os.PathLike[str] | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
         training_opts: poptorch.Options | None = None,
         inference_opts: poptorch.Options | None = None,
+        autoreport_options: dict[str, Any] | None = None,
     ) -> None:
+        check_arguments(
+            autoreport,
+            autoreport_dir,
+            autoreport_options,
+            device_iterations,
+            training_opts,
+            inference_opts,
+        )
+        self._user_training_opts = training_opts
+        self._user_inference_opts = inference_opts
+        self._replicas_source = "Trainer(devices=1)"
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -90,12 +112,8 @@ class IPUStrategy(ParallelStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin or IPUPrecision(),
         )
-        check_arguments(
-            autoreport, autoreport_dir, device_iterations, training_opts, inference_opts
-        )
         self.device_iterations = device_iterations
-        self._user_training_opts = training_opts
-        self._user_inference_opts = inference_opts
+        self._report = make_report(autoreport, autoreport_dir, autoreport_options)
         self._accumulation: int | None = None
         self._pipelined = False
         self._step_executors = StepExecutors()
@@ -108,8 +126,20 @@ class IPUStrategy(ParallelStrategy):
 
     @property
     def replication_factor(self) -> int:
-        """Local replicas: ``Trainer(devices=...)``."""
+        """Local replicas: ``Trainer(devices=...)``, or the user's ``replicationFactor``."""
         return len(self.parallel_devices) if self.parallel_devices else 1
+
+    @property
+    def parallel_devices(self) -> list[torch.device] | None:
+        """One entry per local replica (what ``trainer.num_devices`` counts)."""
+        return self._parallel_devices
+
+    @parallel_devices.setter
+    def parallel_devices(self, devices: list[torch.device] | None) -> None:
+        # Lightning sets ``devices``' list; the user's replicationFactor may widen it.
+        self._parallel_devices, self._replicas_source = resolve_replicas(
+            devices, self._user_training_opts, self._user_inference_opts
+        )
 
     @property
     def is_distributed(self) -> bool:
@@ -133,21 +163,19 @@ class IPUStrategy(ParallelStrategy):
 
     @precision_plugin.setter
     def precision_plugin(self, plugin: Precision | None) -> None:
-        if plugin is not None and not isinstance(plugin, IPUPrecision):
-            if type(plugin) is not Precision:
-                raise IPUStrategyError(
-                    f"precision plugin {type(plugin).__name__} is not supported by "
-                    f"IPUStrategy: it trains in float32 (leave Trainer(precision=...) at its "
-                    f"default)"
-                )
-            plugin = IPUPrecision()
-        self._precision_plugin = plugin
+        self._precision_plugin = as_ipu_precision(plugin)
 
     # -- set-up ------------------------------------------------------------------------
+    def connect(self, model: Any) -> None:
+        """Refuse Lightning 1.x hooks Lightning 2 would skip (before Lightning's own checks)."""
+        trainer = getattr(model, "_trainer", None)
+        check_hooks(model, trainer.callbacks if trainer is not None else ())
+        super().connect(model)
+
     def setup_environment(self) -> None:
         """Check ``devices`` against the launch; start the collectives when there are instances."""
         check_accelerator(self.accelerator)
-        check_devices(self.replication_factor)
+        check_devices(self.replication_factor, self._replicas_source)
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
         utils_rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
         if self.world_size > 1:
@@ -171,6 +199,9 @@ class IPUStrategy(ParallelStrategy):
             self._options(self._user_inference_opts, "inference_opts", False),
             self._pipelined,
         )
+        if self._report is not None:
+            self._report.start(Path(trainer.default_root_dir) / "autoreport")
+        self._step_executors.report = self._report
 
     def _options(
         self, user: poptorch.Options | None, name: str, training: bool
@@ -179,6 +210,7 @@ class IPUStrategy(ParallelStrategy):
             user,
             name,
             replicas=self.replication_factor,
+            replicas_source=self._replicas_source,
             device_iterations=self.device_iterations,
             accumulation=(self._accumulation or 1) if training else None,
             pipelined=self._pipelined,
@@ -197,8 +229,8 @@ class IPUStrategy(ParallelStrategy):
         opts = runs.training_opts if training else runs.inference_opts
         assert opts is not None, "IPUStrategy.setup() builds the options first"
         if isinstance(dataloader, poptorch.DataLoader):
-            check_loader(dataloader, opts)
-            return dataloader
+            stated = self._user_training_opts if training else self._user_inference_opts
+            return adopt_poptorch_loader(dataloader, opts, stated)
         loader_opts = opts.clone()
         seed_shuffling(dataloader, loader_opts, self.world_size)
         return to_poptorch_loader(dataloader, loader_opts)
@@ -265,7 +297,12 @@ class IPUStrategy(ParallelStrategy):
 
     # -- tear-down -----------------------------------------------------------------------
     def teardown(self) -> None:
-        """Release the executors (their gradient hooks) and Lightning's state."""
+        """Write the autoreport; release the executors (their gradient hooks) and Lightning's state."""
+        if self._report is not None:
+            runs = self._step_executors
+            self._report.write(
+                runs.training_opts, runs.inference_opts, self.global_rank, self.world_size
+            )
         self._step_executors.release()
         super().teardown()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils import data as tud
 
@@ -15,7 +16,7 @@ import popdist_torch as poptorch
 from popdist_lightning.errors import IPUStrategyError
 from popdist_torch.pipeline import ShardedExecution
 
-__all__ = ["SHARDED_NOTE", "complete_options", "seed_shuffling"]
+__all__ = ["SHARDED_NOTE", "complete_options", "resolve_replicas", "seed_shuffling"]
 
 SHARDED_NOTE = (
     "IPUStrategy: the module's blocks run as ShardedExecution (gradient accumulation 1 cannot "
@@ -23,21 +24,50 @@ SHARDED_NOTE = (
 )
 
 
-def _set_replicas(opts: poptorch.Options, name: str, replicas: int) -> None:
+def resolve_replicas(
+    devices: list[torch.device] | None,
+    training: poptorch.Options | None,
+    inference: poptorch.Options | None,
+) -> tuple[list[torch.device] | None, str]:
+    """One device entry per local replica to run, and how the user asked for them.
+
+    ``devices`` is Lightning's list for ``Trainer(devices=...)``. As Lightning 1.9 did, a
+    ``replicationFactor(n)`` in the user's options (the training options first) gives the
+    replicas when ``devices`` is 1 or left out; ``devices`` > 1 beside a different
+    ``replicationFactor`` other than 1 is an error naming both. The second value names
+    the source for later messages (``"Trainer(devices=2)"``).
+    """
+    if not devices:  # not yet set by the Trainer
+        return devices, "Trainer(devices=1)"
+    count = len(devices)
+    for name, opts in (("training_opts", training), ("inference_opts", inference)):
+        factor = opts.replication_factor if opts is not None else 1
+        if factor in (1, count):
+            continue
+        if count == 1:
+            return devices * factor, f"{name}.replicationFactor({factor})"
+        raise IPUStrategyError(
+            f"{name}.replicationFactor({factor}) contradicts Trainer(devices={count}): "
+            f"set devices={factor} (or leave devices out: replicationFactor sets the "
+            f"replicas), or drop the replicationFactor call"
+        )
+    return devices, f"Trainer(devices={count})"
+
+
+def _set_replicas(opts: poptorch.Options, name: str, replicas: int, source: str) -> None:
     if opts.replication_factor == replicas:
         return
     if opts.replication_factor != 1:
         raise IPUStrategyError(
-            f"{name}.replicationFactor({opts.replication_factor}) contradicts "
-            f"Trainer(devices={replicas}): set devices={opts.replication_factor} or drop "
-            f"the replicationFactor call (devices sets it)"
+            f"{name}.replicationFactor({opts.replication_factor}) contradicts {source}: "
+            f"give both options the same replicationFactor, or drop the second call"
         )
     try:
         opts.replicationFactor(replicas)
     except RuntimeError:  # popdist.poptorch.Options: the launch fixes it
         raise IPUStrategyError(
             f"{name} is a popdist.poptorch.Options with {opts.replication_factor} local "
-            f"replica(s) (the launch's) but Trainer(devices={replicas}): pass "
+            f"replica(s) (the launch's) but the run has {replicas} ({source}): pass "
             f"devices={opts.replication_factor} or devices='auto'"
         ) from None
 
@@ -74,6 +104,7 @@ def complete_options(
     name: str,
     *,
     replicas: int,
+    replicas_source: str,
     device_iterations: int | None,
     accumulation: int | None,
     pipelined: bool,
@@ -86,7 +117,7 @@ def complete_options(
     an :class:`IPUStrategyError` naming both.
     """
     opts = user.clone() if user is not None else poptorch.Options()
-    _set_replicas(opts, name, replicas)
+    _set_replicas(opts, name, replicas, replicas_source)
     _set_device_iterations(opts, name, device_iterations)
     if accumulation is not None:
         _set_training(opts, accumulation, pipelined)

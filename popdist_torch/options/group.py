@@ -2,9 +2,9 @@
 
 An :class:`OptionGroup` (``Options`` itself, ``opts.Training``, ``opts.Precision``...) can be
 frozen (a ``DataLoader`` relies on the batch arithmetic), records the values of its no-op
-setters so they show in ``toDict()``, and gets its no-op and refused setters from its rows in
-:mod:`popdist_torch.surface.names` through :func:`install_setters`: a name's behaviour is
-its row, not a hand-written method.
+setters so they show in ``toDict()`` and read back as attributes (as PopTorch's do), and
+gets its no-op and refused setters from its rows in :mod:`popdist_torch.surface.names`
+through :func:`install_setters`: a name's behaviour is its row, not a hand-written method.
 """
 
 from __future__ import annotations
@@ -70,6 +70,24 @@ class OptionGroup:
         out = self._values()
         out.update(self._no_ops)
         return out
+
+    def __getattr__(self, name: str) -> Any:
+        """PopTorch's read accessors: every ``toDict()`` key reads as an attribute.
+
+        ``opts.log_dir``, ``opts.Training.meanAccumulationAndReplicationReductionStrategy``:
+        PopTorch's options answer their stored values by name, and programs read them back
+        that way. Only names absent from the class reach here; a name that is no value
+        raises ``AttributeError`` as usual.
+        """
+        if not name.startswith("_") and "_no_ops" in self.__dict__:
+            values = self.toDict()
+            if name in values:
+                return values[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __call__(self, option: str) -> Any:
+        """``opts("device_iterations")``: PopTorch's other way of reading a value by name."""
+        return getattr(self, option)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self.toDict().items())

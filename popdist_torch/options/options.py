@@ -20,7 +20,7 @@ import warnings
 from typing import Any
 
 from popdist.env import read_cache_dir
-from popdist_torch.enums import AnchorMode, OutputMode
+from popdist_torch.enums import AnchorMode, ConnectionType, OutputMode, SyncPattern
 from popdist_torch.errors import OptionsError
 from popdist_torch.options.compiler import JitOptions, PopartOptions
 from popdist_torch.options.distributed import DistributedOptions
@@ -63,15 +63,30 @@ class Options(OptionGroup):
         """Weight updates (training) or batches (inference) per model call."""
         return self._device_iterations
 
+    @device_iterations.setter
+    def device_iterations(self, value: int) -> None:
+        """``opts.device_iterations = 4``: PopTorch's assignment form of ``deviceIterations``."""
+        self.deviceIterations(value)
+
     @property
     def replication_factor(self) -> int:
         """Local replicas: model copies of this process."""
         return self._replication_factor
 
+    @replication_factor.setter
+    def replication_factor(self, value: int) -> None:
+        """``opts.replication_factor = 2``: as ``replicationFactor(2)``."""
+        self.replicationFactor(value)
+
     @property
     def random_seed(self) -> int | None:
         """The seed given to ``randomSeed``, or ``None``."""
         return self._random_seed
+
+    @random_seed.setter
+    def random_seed(self, value: int) -> None:
+        """``opts.random_seed = 0``: as ``randomSeed(0)``."""
+        self.randomSeed(value)
 
     @property
     def output_mode(self) -> OutputMode:
@@ -87,6 +102,11 @@ class Options(OptionGroup):
     def broadcast_buffers(self) -> bool:
         """Whether buffers (BatchNorm statistics) are broadcast from instance 0."""
         return self._broadcast_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        """``opts.broadcast_buffers = False``: as ``broadcastBuffers(False)``."""
+        self.broadcastBuffers(value)
 
     @property
     def executable_cache_dir(self) -> str | None:
@@ -250,17 +270,31 @@ class Options(OptionGroup):
             "execution_strategy": repr(self._execution_strategy)
             if self._execution_strategy
             else None,
+            **_NO_OP_DEFAULTS,
+            "available_memory_proportion": {},
         }
 
     def toDict(self) -> dict[str, Any]:
         """Every value, with the sub-groups nested under their names (``"Training"``...)."""
         out = super().toDict()
-        for name in ("Training", "Distributed", "TensorLocations", "Jit", "Precision"):
+        for name in ("Training", "Distributed", "TensorLocations", "Jit", "Precision", "_Popart"):
             out[name] = getattr(self, name).toDict()
         return out
 
     def __repr__(self) -> str:
         return f"Options({self.toDict()!r})"
+
+
+#: PopTorch's defaults of the values its no-op setters record (``opts.log_dir`` is ``"."``
+#: until ``logDir`` is called), by PopTorch's names.
+_NO_OP_DEFAULTS: dict[str, Any] = {
+    "log_dir": ".",
+    "max_repeat_logs": 4,
+    "auto_round_num_ipus": False,
+    "connection_type": int(ConnectionType.Always),
+    "sync_pattern": int(SyncPattern.Full),
+    "input_group_size": 1,
+}
 
 
 def _warn_anchor(old: str, new: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from popdist_torch.enums import ReductionType
+from popdist_torch.enums import MeanReductionStrategy, ReductionType
 from popdist_torch.errors import OptionsError
 from popdist_torch.options.group import OptionGroup, install_setters
 from popdist_torch.surface.rows import whole_number
@@ -28,10 +28,20 @@ class TrainingOptions(OptionGroup):
         """Micro-batches whose gradients are accumulated per weight update (default 1)."""
         return self._gradient_accumulation
 
+    @gradient_accumulation.setter
+    def gradient_accumulation(self, value: int) -> None:
+        """``opts.Training.gradient_accumulation = 8``: as ``gradientAccumulation(8)``."""
+        self.gradientAccumulation(value)
+
     @property
     def accumulation_and_replication_reduction_type(self) -> ReductionType:
         """``Mean`` (default) or ``Sum`` over accumulation steps, replicas and instances."""
         return self._reduction
+
+    @accumulation_and_replication_reduction_type.setter
+    def accumulation_and_replication_reduction_type(self, value: ReductionType) -> None:
+        """Assignment form of ``accumulationAndReplicationReductionType``."""
+        self.accumulationAndReplicationReductionType(value)
 
     def gradientAccumulation(self, gradient_accumulation: int) -> TrainingOptions:
         """Accumulate the gradients of this many micro-batches per weight update."""
@@ -62,4 +72,5 @@ class TrainingOptions(OptionGroup):
         return {
             "gradient_accumulation": self._gradient_accumulation,
             "accumulation_and_replication_reduction_type": self._reduction,
+            "meanAccumulationAndReplicationReductionStrategy": MeanReductionStrategy.Post,
         }

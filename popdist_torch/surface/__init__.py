@@ -5,6 +5,10 @@
 - :mod:`~popdist_torch.surface.names`: the table itself, ``NAMES``;
 - :mod:`~popdist_torch.surface.toplevel`: PopTorch's top-level functions beside the models
   (hardware queries, logging, hooks, errors) and the refused top-level names;
+- :mod:`~popdist_torch.surface.ops`: PopTorch's in-model helpers (``nop``, ``for_loop``,
+  ``MultiConv``...);
+- :mod:`~popdist_torch.surface.graph_ops`: the ``torch.ops.poptorch`` operators, registered
+  with torch when :mod:`popdist_torch` is imported;
 - :mod:`~popdist_torch.surface.page`: ``docs/poptorch-names.md``, rendered from the table.
 
 The options room (:mod:`popdist_torch.options`) generates its no-op and refused setters from

@@ -3,13 +3,17 @@
 PopTorch 3's public API as its sources and reference documentation define it
 (``poptorch/__init__.py``, ``ops.py``, ``options.py``, ``enums.py``), plus the names
 PopTorch 2.x deprecated that older scripts still use (``AnchorMode``, ``Options.anchorMode``)
-and ``Precision.autocastEnabled``, and the PopTorch arguments of ``poptorch.optim``'s
-optimizers (owner ``optim``). One row per name (:class:`~popdist_torch.surface.rows.Row`):
+and ``Precision.autocastEnabled``, the PopTorch arguments of ``poptorch.optim``'s
+optimizers (owner ``optim``), the read accessors of the options (``opts.device_iterations``),
+the operators PopTorch registers with torch (owner ``torch.ops.poptorch``) and the names
+PopTorch programs take from ``popart`` (owner ``popart``, :mod:`popdist_torch.popart`). One
+row per name (:class:`~popdist_torch.surface.rows.Row`):
 
 - the no-op setters of ``Options``, its groups and ``TensorLocationSettings`` are generated
   from their rows (``record`` says what value they keep for ``toDict()``);
 - every refused name, wherever it lives, raises the row's note (an optimizer argument:
-  :class:`OptimizerError`, for the values its row's ``when`` names);
+  :class:`OptimizerError`, for the values its row's ``when`` names; a ``torch.ops.poptorch``
+  operator: its kernel, :mod:`popdist_torch.surface.graph_ops`);
 - ``docs/poptorch-names.md`` is rendered from this table
   (``python -m popdist_torch.surface.page``), and a unit test checks the committed page and
   that every row resolves on ``popdist_torch``, ``Options``, its groups and the executor.
@@ -123,6 +127,21 @@ OPTIONS: tuple[Row, ...] = (
     supported(OPT, "clone", "a mutable copy"),
     supported(OPT, "toDict"),
     supported(OPT, "exists", "whether a `toDict()` key has a value"),
+    # read accessors: PopTorch's options answer their values by name (any `toDict()` key
+    # reads as an attribute, `opts("name")` too); these always have one
+    supported(OPT, "device_iterations", "read (and assign, as `deviceIterations`)"),
+    supported(OPT, "replication_factor", "read (and assign): local replicas; `popdist.poptorch.Options` reads poprun's"),
+    supported(OPT, "random_seed", "read (and assign): `None` until `randomSeed` is called"),
+    supported(OPT, "output_mode", "read: an `OutputMode` (an integer, as PopTorch's)"),
+    supported(OPT, "output_return_period", "read"),
+    supported(OPT, "broadcast_buffers", "read (and assign)"),
+    supported(OPT, "input_group_size", "read: 1"),
+    supported(OPT, "log_dir", 'read: what `logDir` was given (default `"."`)'),
+    supported(OPT, "max_repeat_logs", "read: what `maxRepeatLogs` was given (default 4)"),
+    supported(OPT, "auto_round_num_ipus", "read: what `autoRoundNumIPUs` was given (default `False`)"),
+    supported(OPT, "connection_type", "read: what `connectionType` was given, as an integer (default `Always`)"),
+    supported(OPT, "sync_pattern", "read: what `syncPattern` was given, as an integer (default `Full`)"),
+    supported(OPT, "available_memory_proportion", "read: what `setAvailableMemoryProportion` was given (default `{}`)"),
     refused(OPT, "inputReplicaGrouping", "only a group size of 1 is supported here; every replica gets its own micro-batch", when=lambda input_group_size, input_group_type=None: input_group_size != 1, when_text="for any size but 1"),
     refused(OPT, "enableSyntheticData", "the executor always uses the tensors you pass; build random tensors yourself to benchmark without I/O", when=lambda enabled: bool(enabled), when_text="for `True`"),
     refused(OPT, "anchorTensor", "return the tensor from forward() instead"),
@@ -130,21 +149,21 @@ OPTIONS: tuple[Row, ...] = (
     refused(OPT, "loadFromFile", _SETTERS),
     refused(OPT, "from_json", _SETTERS),
     no_op(OPT, "showCompilationProgressBar", "PopTorch shows compilation progress; there is no compilation", lambda show=True: bool(show)),
-    no_op(OPT, "logDir", "PopTorch writes compiler logs there; the executor writes none", lambda log_dir: str(log_dir)),
-    no_op(OPT, "logCycleCount", "PopTorch logs device cycles; there are none", lambda log_cycle_count: bool(log_cycle_count)),
-    no_op(OPT, "useIpuModel", "PopTorch simulates an IPU on the host; the model always runs on the host (or GPU)", lambda use_model: bool(use_model)),
-    no_op(OPT, "useIpuId", "PopTorch picks a device by id; devices are chosen by the executor", lambda ipu_id: whole_number("useIpuId", ipu_id, minimum=0)),
-    no_op(OPT, "useOfflineIpuTarget", "PopTorch compiles for an absent IPU; the model runs on this host", lambda ipu_version=2: int(ipu_version)),
-    no_op(OPT, "autoRoundNumIPUs", "PopTorch rounds the IPU count to a power of two; any number of devices can be used", lambda auto_round: bool(auto_round)),
-    no_op(OPT, "connectionType", "PopTorch defers attaching to hardware; there is no device connection", lambda connection_type: int(connection_type)),
-    no_op(OPT, "syncPattern", "PopTorch's host/device sync pattern; there is none", lambda sync_pattern: int(sync_pattern)),
-    no_op(OPT, "setAvailableMemoryProportion", "PopTorch plans tile memory; there is none", lambda available_memory_proportion: dict(available_memory_proportion)),
+    no_op(OPT, "logDir", "PopTorch writes compiler logs there; the executor writes none", lambda log_dir: str(log_dir), key="log_dir"),
+    no_op(OPT, "logCycleCount", "PopTorch logs device cycles; there are none", lambda log_cycle_count: bool(log_cycle_count), key="log_cycle_count"),
+    no_op(OPT, "useIpuModel", "PopTorch simulates an IPU on the host; the model always runs on the host (or GPU)", lambda use_model: bool(use_model), key="use_model"),
+    no_op(OPT, "useIpuId", "PopTorch picks a device by id; devices are chosen by the executor", lambda ipu_id: whole_number("useIpuId", ipu_id, minimum=0), key="ipu_id"),
+    no_op(OPT, "useOfflineIpuTarget", "PopTorch compiles for an absent IPU; the model runs on this host", lambda ipu_version=2: int(ipu_version), key="ipu_version"),
+    no_op(OPT, "autoRoundNumIPUs", "PopTorch rounds the IPU count to a power of two; any number of devices can be used", lambda auto_round: bool(auto_round), key="auto_round_num_ipus"),
+    no_op(OPT, "connectionType", "PopTorch defers attaching to hardware; there is no device connection", lambda connection_type: int(connection_type), key="connection_type"),
+    no_op(OPT, "syncPattern", "PopTorch's host/device sync pattern; there is none", lambda sync_pattern: int(sync_pattern), key="sync_pattern"),
+    no_op(OPT, "setAvailableMemoryProportion", "PopTorch plans tile memory; there is none", lambda available_memory_proportion: dict(available_memory_proportion), key="available_memory_proportion"),
     no_op(OPT, "enableStableNorm", "PopTorch's stable norm computation; torch's norms are stable already", lambda enabled: bool(enabled)),
     no_op(OPT, "sourceLocationExcludes", "PopTorch's compiler source locations; there are none", lambda excludes: list(excludes)),
     no_op(OPT, "appendToLocationExcludes", "as `sourceLocationExcludes`", lambda *excludes: list(excludes)),
     no_op(OPT, "relaxOptimizerAttributesChecks", "PopTorch checks optimizer attributes; any torch optimizer is accepted as it is", lambda relax=True: bool(relax)),
-    no_op(OPT, "maxRepeatLogs", "PopTorch limits repeated compiler logs; there are none", lambda max_lines: max_lines),
-    no_op(OPT, "modelName", "PopTorch names the compiled executable; there is none to name", lambda name: str(name)),
+    no_op(OPT, "maxRepeatLogs", "PopTorch limits repeated compiler logs; there are none", lambda max_lines: max_lines, key="max_repeat_logs"),
+    no_op(OPT, "modelName", "PopTorch names the compiled executable; there is none to name", lambda name: str(name), key="model_name"),
     no_op(OPT, "disableModuleNamescope", "PopTorch names graph nodes by module; there are no graph name scopes", lambda: True),
     no_op(OPT, "updatableNamedBuffers", "PopTorch lets these buffers be written from the host; every buffer is updatable already", lambda buffers: list(buffers)),
 )
@@ -153,17 +172,23 @@ T = "Options.Training"
 D = "Options.Distributed"
 L = "Options.TensorLocations"
 PR = "Options.Precision"
+PA = "Options._Popart"
 GROUPS: tuple[Row, ...] = (
     supported(T, "gradientAccumulation"),
     supported(T, "accumulationAndReplicationReductionType", "`Mean` or `Sum`"),
-    no_op(T, "setMeanAccumulationAndReplicationReductionStrategy", "PopTorch chooses when a mean divides; the executor sums then divides once, which every strategy gives", lambda strategy: MeanReductionStrategy(strategy)),
+    supported(T, "gradient_accumulation", "read (and assign): the micro-batches per weight update"),
+    supported(T, "accumulation_and_replication_reduction_type", "read (and assign): `ReductionType.Mean` or `Sum`"),
+    supported(T, "meanAccumulationAndReplicationReductionStrategy", "read: what `setMeanAccumulationAndReplicationReductionStrategy` was given (default `Post`)"),
+    no_op(T, "setMeanAccumulationAndReplicationReductionStrategy", "PopTorch chooses when a mean divides; the executor sums then divides once, which every strategy gives", lambda strategy: MeanReductionStrategy(strategy), key="meanAccumulationAndReplicationReductionStrategy"),
     no_op(T, "setConvolutionDithering", "an IPU tile-placement choice", lambda enabled: bool(enabled)),
-    refused(T, "setAutomaticLossScaling", "the executor trains in the model's own dtype; use torch.amp.GradScaler in your own loop if you need it"),
+    no_op(T, "setAutomaticLossScaling", "PopTorch adapts a loss scale to keep float16 gradients in range; here float16 models keep float32 optimizer state and updates, and a fixed scale is the optimizer's `loss_scaling`", lambda enabled: bool(enabled), key="automatic_loss_scaling"),
     supported(D, "configureProcessId"),
     supported(D, "setEnvVarNames"),
     supported(D, "disable"),
     supported(D, "processId", "property"),
     supported(D, "numProcesses", "property"),
+    supported(D, "num_distributed_processes", "read: the number of processes (PopTorch's value name; under poprun the instance count)"),
+    supported(D, "distributed_process_id", "read: this process's index (under poprun the instance index)"),
     supported(L, "setOptimizerLocation", "`useOnChipStorage(False)` keeps optimizer state in host memory between updates"),
     no_op(L, "setActivationLocation", "PopTorch keeps activations on or off chip; they stay where torch computes them", lambda location: repr(location)),
     no_op(L, "setWeightLocation", "PopTorch keeps weights on or off chip; they stay in the user's module", lambda location: repr(location)),
@@ -176,9 +201,10 @@ GROUPS: tuple[Row, ...] = (
     no_op(PR, "runningStatisticsAlwaysFloat", "PopTorch keeps norm statistics in float32; they keep the buffers' dtype", lambda value: bool(value)),
     no_op(PR, "enableStochasticRounding", "an IPU rounding mode; CPUs and GPUs round to nearest", lambda enabled: bool(enabled)),
     supported(PR, "autocastEnabled", "PopTorch 2's automatic half precision: forward passes under `torch.autocast` on the instance's device (bfloat16, or float16 as second argument)"),
-    no_op("Options._Popart", "set", "a PopART session option; there is no PopART session (recorded under its key)", lambda key, value: {str(key): value}, key=None),
-    no_op("Options._Popart", "setEngineOptions", "Poplar engine options; there is no Poplar engine (recorded as `engine_options`)", lambda engine_options: dict(engine_options), key="engine_options"),
-    no_op("Options._Popart", "setPatterns", "PopART graph patterns; there are none (recorded as `patterns`)", lambda patterns, level=2: dict(patterns), key="patterns"),
+    no_op(PA, "set", "a PopART session option (`popdist_torch.popart` has PopART's enumerations for the values); there is no PopART session: kept in `_Popart.options` under its key; a key that is no PopART session option warns once", lambda key, value: {str(key): value}, key=None),
+    no_op(PA, "setEngineOptions", "Poplar engine options; there is no Poplar engine (kept as `engineOptions`)", lambda engine_options: dict(engine_options), key="engineOptions"),
+    no_op(PA, "setPatterns", "PopART graph patterns; there are none (kept as `patterns` and `patterns_level`)", lambda patterns, level=2: {"patterns": dict(patterns), "patterns_level": int(level)}, key=None),
+    supported(PA, "options", "the session options set so far, by PopART name (a `dict`)"),
 )
 
 S = "TensorLocationSettings"
@@ -237,10 +263,75 @@ OPTIMIZER_ARGUMENTS: tuple[Row, ...] = (
     supported(M, "use_tf_variant", "(RMSprop) `True` runs TensorFlow's RMSprop: mean square starting at one, `eps` inside the square root, learning rate in the momentum buffer"),
     supported(M, "max_weight_norm", "(LAMB) cap of the weight norm in LAMB's trust ratio (default 65500)"),
 )
+
+TOPS = "torch.ops.poptorch"
+_LOOP = "use poptorch.for_loop(count, body, inputs), which runs the body count times"
+_COND = "use poptorch.cond(condition, then_body, then_inputs, else_body, else_inputs)"
+_CPU = "use poptorch.CPU(layer, ID), which calls the layer on the host"
+_CODELETS = "there are no Poplar codelets; write the operation in torch inside forward"
+TORCH_OPS: tuple[Row, ...] = (
+    no_op(TOPS, "begin_ipu_block", "PopTorch starts a pipeline block; place layers with `poptorch.Block(ipu_id=...)`, `BeginBlock` or `BlockFunction`, which the executor stages"),
+    no_op(TOPS, "end_ipu_block", "ends the block `begin_ipu_block` started; as above"),
+    no_op(TOPS, "push_name_scope", "PopTorch names graph nodes (`NameScope`); there are no graph name scopes"),
+    no_op(TOPS, "pop_name_scope", "as `push_name_scope`"),
+    no_op(TOPS, "set_attribute", "PopTorch attaches attributes to graph nodes (outlining); there are no graph nodes"),
+    no_op(TOPS, "clear_attribute", "as `set_attribute`"),
+    no_op(TOPS, "optimizer_group", "PopTorch maps parameters to the optimizer's groups in its graph; the optimizer's `param_groups` apply as they are"),
+    no_op(TOPS, "begin_multi_conv", "PopTorch plans the convolutions up to `end_multi_conv` together; they run one by one"),
+    no_op(TOPS, "end_multi_conv", "as `begin_multi_conv`; the planner settings are accepted"),
+    supported(TOPS, "nop", "returns its input (PopTorch: a node the compiler keeps)"),
+    no_op(TOPS, "recomputation_checkpoint", "returns its input: there is no recomputation"),
+    no_op(TOPS, "set_available_memory", "returns its input: there is no tile memory to plan"),
+    no_op(TOPS, "set_matmul_serialization", "returns its input: the matmul is computed whole"),
+    no_op(TOPS, "set_overlap_for_input", "returns its input: there are no IO tiles"),
+    no_op(TOPS, "set_overlap_for_output", "returns its input: there are no IO tiles"),
+    supported(TOPS, "ipu_print_tensor", "prints the tensor (after its title) when the model runs, and returns it; the formatting arguments are accepted; gradients are not printed"),
+    supported(TOPS, "identity_loss", "reduction 0 sum, 1 mean, 2 none, as `poptorch.identity_loss`"),
+    supported(TOPS, "dynamic_slice", "as `poptorch.dynamic_slice`"),
+    supported(TOPS, "dynamic_update", "as `poptorch.dynamic_update`"),
+    refused(TOPS, "start_for_loop", _LOOP),
+    refused(TOPS, "end_for_loop", _LOOP),
+    refused(TOPS, "start_if_block", _COND),
+    refused(TOPS, "start_else_block", _COND),
+    refused(TOPS, "end_if_block", _COND),
+    refused(TOPS, "call_cpu_op", _CPU),
+    refused(TOPS, "end_cpu_op", _CPU),
+    refused(TOPS, "custom_operation", _CODELETS),
+    refused(TOPS, "ctc_beam_search_decoder", "decode outside the model (e.g. torchaudio.models.decoder.ctc_decoder)"),
+    refused(TOPS, "fps", "use torch_cluster.fps (PopTorch Geometric op)"),
+    refused(TOPS, "nearest", "use torch_cluster.nearest (PopTorch Geometric op)"),
+    refused(TOPS, "nearest_batch_list", "use torch_cluster.nearest (PopTorch Geometric op)"),
+)
+
+POP = "popart"
+_ENUM = "PopART's members and integer values, for `_Popart.set` (`int(popart.X.Y)`)"
+_KEPT = "kept, no effect: there is no PopART session"
+POPART: tuple[Row, ...] = (
+    *(supported(POP, name, _ENUM) for name in (
+        "SyntheticDataMode", "RecomputationType", "RecomputeType", "MergeVarUpdateType",
+        "VirtualGraphMode", "AccumulateOuterFragmentSchedule", "SubgraphCopyingStrategy",
+        "ReductionType", "MeanReductionStrategy", "BatchSerializationTransformContext",
+        "BatchSerializationMethod", "BatchSerializationBatchSchedule", "ExecutionPhaseIOSchedule",
+        "ExecutionPhaseSchedule", "TensorStorage", "TileSet", "ReplicatedTensorSharding",
+        "PatternsLevel", "SyncPattern", "DataType", "Instrumentation", "IrSerializationFormat",
+        "AnchorReturnTypeId", "DeviceConnectionType",
+    )),
+    no_op(POP, "SessionOptions", f"PopART's session options as attributes (defaults read back, unknown names raise `AttributeError`); {_KEPT}"),
+    no_op(POP, "Patterns", f"a level or pattern names; `enablePattern(name, on)` chains; {_KEPT}"),
+    no_op(POP, "TensorLocation", f"`TensorLocation(TensorStorage.OffChip)` and PopART's other forms; {_KEPT}"),
+    no_op(POP, "TensorLocationSettings", f"`TensorLocationSettings(location or storage, minElementsForOffChip, ...)`; {_KEPT}"),
+    no_op(POP, "AccumulateOuterFragmentSettings", _KEPT),
+    no_op(POP, "BatchSerializationSettings", _KEPT),
+    no_op(POP, "ExecutionPhaseSettings", _KEPT),
+    no_op(POP, "AutomaticLossScalingSettings", _KEPT),
+    no_op(POP, "getLogger", "`getLogger().setLevel(\"DEBUG\")` keeps the level; PopART logs nothing here"),
+    supported(POP, "versionString", "the PopART version whose names and values these follow (also `popart.__version__`)"),
+)
 # fmt: on
 
 #: Every PopTorch name, top-level names first, then ``Options`` and its groups,
-#: ``TensorLocationSettings``, the executor's methods and the optimizers' arguments.
+#: ``TensorLocationSettings``, the executor's methods, the optimizers' arguments, the
+#: ``torch.ops.poptorch`` operators and the ``popart`` names.
 NAMES: tuple[Row, ...] = (
     *TOP_LEVEL,
     *OPTIONS,
@@ -248,6 +339,8 @@ NAMES: tuple[Row, ...] = (
     *LOCATION_SETTINGS,
     *EXECUTOR,
     *OPTIMIZER_ARGUMENTS,
+    *TORCH_OPS,
+    *POPART,
 )
 
 #: The owners whose attributes hang off ``Options()``: ``Options`` and its groups.

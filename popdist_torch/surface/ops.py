@@ -3,11 +3,16 @@
 On an IPU these steer the graph compiler; here the model runs eagerly on the host (or a
 GPU), so each computes what PopTorch computes with plain torch, and the compiler hints
 (memory proportions, overlap, name scopes, multi-convolution plans) return their input.
+
+Models calling them can be traced (``torch.jit.trace``) and scripted (``torch.jit.script``):
+``nop``, ``set_available_memory`` and ``ipu_print_tensor`` compile as they are (the last
+one runs the registered ``torch.ops.poptorch.ipu_print_tensor``, so a scripted or traced
+model still prints), and ``recomputationCheckpoint``, whose varying arguments TorchScript
+cannot compile, runs as Python from a scripted model (``torch.jit.ignore``).
 """
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -40,21 +45,47 @@ def nop(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def ipu_print_tensor(
-    tensor: torch.Tensor, title: str = "", *args: Any, **kwargs: Any
+    tensor: torch.Tensor,
+    title: str = "",
+    print_gradient: bool = True,
+    summarise_threshold: int = 1000,
+    edge_items: int = 3,
+    max_line_width: int = 80,
+    digits: int = 4,
+    float_format: str = "auto",
+    separator: str = ", ",
+    open_bracket: str = "(",
+    close_bracket: str = ")",
 ) -> torch.Tensor:
-    """Print ``tensor`` (with ``title``) when the model runs; returns it."""
-    builtins.print(f"{title}{tensor}" if title else tensor)
-    return tensor
+    """Print ``tensor`` (after ``title``) when the model runs; returns it.
+
+    PopTorch's formatting arguments are accepted; torch formats the tensor. The printing is
+    the registered operator's, so traced and scripted models print too.
+    """
+    return torch.ops.poptorch.ipu_print_tensor(tensor, title)  # type: ignore[no-any-return]
 
 
-def recomputationCheckpoint(*tensors: Any) -> Any:
-    """Return the tensors as given: there is no recomputation to checkpoint here."""
+def _recomputation_checkpoint(*tensors: Any) -> Any:
+    """Return the tensors as given: there is no recomputation to checkpoint here.
+
+    One tensor returns it, several a tuple, one list or tuple a copy of it, as PopTorch.
+    """
     if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
         return type(tensors[0])(tensors[0])
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"recomputationCheckpoint takes tensors, got {type(t).__name__}")
     return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+
+# TorchScript cannot read annotated varying arguments: without annotations it takes them
+# as tensors, and a scripted model calls the function as Python.
+_recomputation_checkpoint.__annotations__ = {}
+_recomputation_checkpoint.__name__ = "recomputationCheckpoint"
+_recomputation_checkpoint.__qualname__ = "recomputationCheckpoint"
+
+#: PopTorch's ``recomputationCheckpoint(*tensors)``.
+recomputationCheckpoint: Callable[..., Any] = torch.jit.ignore(_recomputation_checkpoint)  # type: ignore[no-untyped-call]
 
 
 def for_loop(

@@ -28,7 +28,8 @@ edit the table there, not this page (a unit test compares them). -->
 PopTorch 3 (its `poptorch/__init__.py`, `ops.py`, `options.py`, `enums.py` and the API reference
 of its user guide), plus the names PopTorch 2.x deprecated that older scripts and the Lightning
 IPU pages still use (`AnchorMode`, `Options.anchorMode`) and PopTorch 2's
-`Precision.autocastEnabled`. Each name is one of:
+`Precision.autocastEnabled`, the operators PopTorch registers with torch (`torch.ops.poptorch`)
+and the `popart` names PopTorch programs use. Each name is one of:
 
 - **supported**: does what PopTorch does (on CPU or GPU instead of IPUs);
 - **no-op**: accepted, so the script runs; it changes nothing here, for the reason given (what
@@ -65,6 +66,16 @@ every name resolves. The seed documents' listings run unchanged but for their im
 - **`ipuHardwareIsAvailable()` is `False`.** There are no IPUs. Scripts that branch on it take
   their "no hardware" path, usually `opts.useIpuModel(True)`, which is a no-op here: the model
   runs on the same executor either way.
+- **Options read back by name, as PopTorch's.** Any value of `Options` or a group reads as an
+  attribute under PopTorch's name (`opts.device_iterations`, `opts.Training.gradient_accumulation`,
+  `opts.Distributed.num_distributed_processes`, `opts.log_dir`), and `opts("name")` reads it too;
+  the main values also accept assignment (`opts.replication_factor = 2` calls
+  `replicationFactor(2)`). Under `poprun` the distributed values are the instance's.
+- **PopART options are kept, not applied.** `opts._Popart.set(key, value)` keeps the value under
+  its PopART name in `opts._Popart.options` (and `opts.toDict()["_Popart"]`); there is no PopART
+  session, so it changes nothing. A key that is no PopART session option warns once, as a likely
+  typo. `import popdist_torch.popart as popart` (the import line changes, as `poptorch`'s does)
+  has PopART's enumerations with their integer values.
 - **Deprecated aliases warn.** `poptorch.AnchorMode`, `Options.anchorMode`,
   `Options.defaultAnchorMode` and `outputMode(AnchorMode.X)` work and raise one `FutureWarning`
   each (PopTorch 2.4 renamed them to `OutputMode`, `outputMode`, `defaultOutputMode`).
@@ -87,6 +98,16 @@ SECTIONS: tuple[tuple[str, str, tuple[Row, ...]], ...] = (
         "Optimizer arguments (`poptorch.optim`: `SGD`, `Adam`, `AdamW`, `RMSprop`)",
         "PopTorch's extra arguments of its optimizers; torch's own are torch's. A refused value raises `OptimizerError` (a `ValueError`).",
         tuple(r for r in NAMES if r.owner == "optim"),
+    ),
+    (
+        "Graph operators (`torch.ops.poptorch`)",
+        "PopTorch registers these with torch and its helpers call them; some programs call them directly. They are registered here too, with PopTorch's schemas, so eager, traced (`torch.jit.trace`) and scripted (`torch.jit.script`) models run them, inside the executor's `vmap` over replicas too. A refused operator raises when it runs.",
+        tuple(r for r in NAMES if r.owner == "torch.ops.poptorch"),
+    ),
+    (
+        "PopART names (`import popdist_torch.popart as popart`)",
+        "What PopTorch programs take from `popart`: enumerations for `opts._Popart.set` and a few settings objects. It is not PopART's graph API (`Builder`, sessions).",
+        tuple(r for r in NAMES if r.owner == "popart"),
     ),
 )  # fmt: skip
 

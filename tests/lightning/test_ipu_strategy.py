@@ -193,8 +193,6 @@ def test_popdist_options_outside_poprun_hold_one_replica() -> None:
 
 def test_unsupported_options_are_named() -> None:
     assert "gradient_clip_val" in _fails(IPUStrategy(), gradient_clip_val=1.0)
-    with pytest.raises(IPUStrategyError, match="autoreport"):
-        IPUStrategy(autoreport=True)
     with pytest.raises(IPUStrategyError, match="device_iterations=0"):
         IPUStrategy(device_iterations=0)
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import popdist_torch as poptorch
+from popdist_torch import popart
 from popdist_torch.options import NO_OP_OPTIONS, UnsupportedOptionError
 from popdist_torch.pipeline import PipelineError, record_schedule
 from popdist_torch.surface import NAMES, NO_OP, OPTION_OWNERS, REFUSED, SUPPORTED, Row, rows_of
@@ -98,7 +99,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "loadFromFile": (("opts.conf",), "refused"),
     "logCycleCount": ((True,), "no-op"),
     "logDir": (("logs",), "no-op"),
-    "maxRepeatLogs": ((4,), "no-op"),
+    "maxRepeatLogs": ((8,), "no-op"),
     "modelName": (("net",), "no-op"),
     "outputMode": ((poptorch.OutputMode.Sum,), "set"),
     "randomSeed": ((42,), "set"),
@@ -108,7 +109,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "setExecutionStrategy": ((poptorch.ShardedExecution(),), "set"),
     "showCompilationProgressBar": ((False,), "no-op"),
     "sourceLocationExcludes": ((["torch"],), "no-op"),
-    "syncPattern": ((poptorch.SyncPattern.Full,), "no-op"),
+    "syncPattern": ((poptorch.SyncPattern.SinglePipeline,), "no-op"),
     "toDict": ((), "set"),
     "updatableNamedBuffers": ((["bn.running_mean"],), "no-op"),
     "useIpuId": ((1,), "no-op"),
@@ -116,7 +117,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "useOfflineIpuTarget": ((2,), "no-op"),
     "Training.accumulationAndReplicationReductionType": ((poptorch.ReductionType.Sum,), "set"),
     "Training.gradientAccumulation": ((4,), "set"),
-    "Training.setAutomaticLossScaling": ((True,), "refused"),
+    "Training.setAutomaticLossScaling": ((True,), "no-op"),
     "Training.setConvolutionDithering": ((True,), "no-op"),
     "Training.setMeanAccumulationAndReplicationReductionStrategy": (
         (poptorch.MeanReductionStrategy.Running,),
@@ -142,10 +143,41 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "_Popart.set": (("enableOutlining", False), "no-op"),
     "_Popart.setEngineOptions": (({"opt.x": "1"},), "no-op"),
     "_Popart.setPatterns": (({"PadSum": True},), "no-op"),
+    "_Popart.options": ((), "read"),
+    # PopTorch's read accessors: value names that read back as attributes
+    **{
+        name: ((), "read")
+        for name in (
+            "device_iterations",
+            "replication_factor",
+            "random_seed",
+            "output_mode",
+            "output_return_period",
+            "broadcast_buffers",
+            "input_group_size",
+            "log_dir",
+            "max_repeat_logs",
+            "auto_round_num_ipus",
+            "connection_type",
+            "sync_pattern",
+            "available_memory_proportion",
+            "Training.gradient_accumulation",
+            "Training.accumulation_and_replication_reduction_type",
+            "Training.meanAccumulationAndReplicationReductionStrategy",
+            "Distributed.num_distributed_processes",
+            "Distributed.distributed_process_id",
+        )
+    },
 }
 
 
-_STATUS = {"set": SUPPORTED, "property": SUPPORTED, "no-op": NO_OP, "refused": REFUSED}
+_STATUS = {
+    "set": SUPPORTED,
+    "property": SUPPORTED,
+    "read": SUPPORTED,
+    "no-op": NO_OP,
+    "refused": REFUSED,
+}
 
 
 def _option_rows() -> dict[str, Row]:
@@ -200,6 +232,10 @@ def test_every_options_method_behaves_as_documented(name: str) -> None:
     if outcome == "property":
         assert isinstance(getattr(target, method), int)
         return
+    if outcome == "read":
+        values = target.toDict()
+        assert getattr(target, method) == values.get(method, values) == target(method)
+        return
     call = getattr(target, method)
     if outcome == "refused":
         with pytest.raises(UnsupportedOptionError, match=re.escape(method)):
@@ -226,9 +262,8 @@ def test_generated_setters_follow_their_rows() -> None:
     opts = poptorch.Options()
     for path, row in _option_rows().items():
         target, method = _target(opts, path)
-        setter = getattr(type(target), method)
         if row.status == NO_OP:
-            assert row.note in setter.__doc__, path
+            assert row.note in getattr(type(target), method).__doc__, path
         elif row.status == REFUSED and row.when is None:
             with pytest.raises(UnsupportedOptionError) as caught:
                 getattr(target, method)("x")
@@ -261,6 +296,8 @@ def test_every_row_resolves() -> None:
         "TensorLocationSettings": poptorch.TensorLocationSettings(),
         "PoplarExecutor": poptorch.inferenceModel(nn.Linear(2, 2)),
         **{owner: _target(opts, f"{owner.partition('.')[2]}.x")[0] for owner in OPTION_OWNERS},
+        "torch.ops.poptorch": torch.ops.poptorch,
+        "popart": popart,
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

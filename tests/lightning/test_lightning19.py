@@ -1,0 +1,271 @@
+"""Lightning 1.9 IPU programs on Lightning 2 (issue 25): what they pass and define keeps its
+meaning (autoreport, replicas from the options, their own poptorch.DataLoader with
+accumulation), and what Lightning 2 removed is one error line naming the replacement.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+
+import popdist_lightning
+import popdist_torch as poptorch
+from popdist_lightning import IPUStrategy, IPUStrategyError
+from tests.lightning.cases import (
+    QUIET,
+    SAMPLES,
+    Classifier,
+    cpu_reference,
+    dataset,
+    max_difference,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+MICRO = 2
+
+
+def _trainer(strategy: IPUStrategy, **kwargs: Any) -> pl.Trainer:
+    kwargs.setdefault("enable_checkpointing", False)
+    return pl.Trainer(accelerator="ipu", strategy=strategy, **QUIET, **kwargs)
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+# -- autoreport -------------------------------------------------------------------------
+
+
+def test_autoreport_writes_each_graphs_schedule_profile(tmp_path: Path) -> None:
+    directory = tmp_path / "reports" / "run"
+    strategy = IPUStrategy(
+        device_iterations=2,
+        autoreport=True,
+        autoreport_dir=str(directory),
+        autoreport_options={"autoReport.all": "true", "autoReport.executionProfileProgramRuns": 2},
+    )
+    assert directory.is_dir()  # created by the strategy, as Lightning 1.9 did
+    trainer = _trainer(strategy, devices=2, max_epochs=1, num_sanity_val_steps=0)
+    trainer.fit(Classifier(MICRO))
+    assert sorted(p.name for p in directory.iterdir()) == ["training", "validation"]
+
+    profile = _json(directory / "training" / "profile.json")
+    assert profile["calls"] == trainer.global_step == SAMPLES // (MICRO * 2 * 2)
+    assert (profile["replicas"], profile["device_iterations"]) == (2, 2)
+    assert profile["gradient_accumulation"] == 1
+    assert profile["autoreport_options"] == {
+        "autoReport.all": "true",
+        "autoReport.executionProfileProgramRuns": 2,
+    }
+    assert 0 < profile["call_seconds"]["min"] <= profile["call_seconds"]["max"]
+    assert profile["call_seconds"]["total"] >= profile["first_call_seconds"]
+    assert profile["stages"] == []  # one stage: no stage rows
+
+    trace = _json(directory / "training" / "schedule.json")["traceEvents"]
+    calls = [e for e in trace if e.get("cat") == "executor call"]
+    assert len(calls) == trainer.global_step
+    starts = [e["ts"] for e in calls]
+    assert starts == sorted(starts) and all(e["dur"] > 0 for e in calls)
+    validation = _json(directory / "validation" / "profile.json")
+    assert validation["calls"] == SAMPLES // (MICRO * 2 * 2) and validation["step"] == (
+        "validation_step"
+    )
+
+
+def test_autoreport_of_a_staged_module_shows_every_stage(tmp_path: Path) -> None:
+    model = Classifier(MICRO)
+    model.net[0] = poptorch.BeginBlock(model.net[0], ipu_id=0)
+    model.net[2] = poptorch.BeginBlock(model.net[2], ipu_id=1)
+    strategy = IPUStrategy(autoreport=True)  # the directory defaults under default_root_dir
+    trainer = _trainer(
+        strategy,
+        devices=1,
+        max_steps=3,
+        accumulate_grad_batches=4,
+        limit_val_batches=0,
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(model)
+    folder = tmp_path / "autoreport" / "training"
+    profile = _json(folder / "profile.json")
+    assert profile["calls"] == 3
+    assert profile["execution_strategy"] == "PipelinedExecution"
+    # 3 calls x 4 micro-batches: each stage ran 12 forwards and 12 backwards
+    assert [(s["stage"], s["forward"], s["backward"]) for s in profile["stages"]] == [
+        (0, 12, 12),
+        (1, 12, 12),
+    ]
+    trace = _json(folder / "schedule.json")["traceEvents"]
+    ops = {(e["tid"], e["cat"]) for e in trace if e.get("cat") in ("forward", "backward")}
+    assert ops == {(0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")}
+
+
+def test_autoreport_arguments_are_checked() -> None:
+    with pytest.raises(IPUStrategyError, match="autoreport='yes'"):
+        IPUStrategy(autoreport="yes")  # type: ignore[arg-type]
+    with pytest.raises(IPUStrategyError, match="autoreport_options"):
+        IPUStrategy(autoreport=True, autoreport_options=["autoReport.all"])  # type: ignore[arg-type]
+
+
+# -- replicas from the options ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("devices", [1, None])
+def test_replicas_come_from_the_options_replication_factor(devices: int | None) -> None:
+    opts = poptorch.Options().replicationFactor(2)
+    kwargs = {} if devices is None else {"devices": devices}
+    trainer = _trainer(IPUStrategy(training_opts=opts), max_epochs=1, **kwargs)
+    assert trainer.num_devices == 2
+    model = Classifier(MICRO)
+    trainer.fit(model)
+    assert trainer.global_step == SAMPLES // (MICRO * 2)
+    assert max_difference(model, cpu_reference(2, MICRO, 1, epochs=1)) < 1e-6
+
+
+def test_devices_beside_another_replication_factor_is_one_error_naming_both() -> None:
+    opts = poptorch.Options().replicationFactor(4)
+    with pytest.raises(IPUStrategyError) as info:
+        _trainer(IPUStrategy(training_opts=opts), devices=2)
+    message = str(info.value)
+    assert "replicationFactor(4)" in message and "devices=2" in message
+    assert "\n" not in message
+    inference = poptorch.Options().replicationFactor(2)
+    with pytest.raises(IPUStrategyError) as info:
+        _trainer(IPUStrategy(training_opts=opts, inference_opts=inference)).fit(Classifier(MICRO))
+    message = str(info.value)
+    assert "inference_opts.replicationFactor(2)" in message
+    assert "training_opts.replicationFactor(4)" in message
+
+
+# -- the user's own poptorch.DataLoader with accumulate_grad_batches ----------------------
+
+
+@pytest.mark.parametrize(("devices", "device_iterations", "accumulation"), [(1, 1, 2), (2, 2, 3)])
+def test_the_users_poptorch_loader_trains_with_accumulate_grad_batches(
+    devices: int, device_iterations: int, accumulation: int
+) -> None:
+    opts = poptorch.Options().deviceIterations(device_iterations)
+    sizes: list[int] = []
+
+    class OwnLoader(Classifier):
+        def train_dataloader(self) -> Any:
+            return poptorch.DataLoader(opts, dataset(), batch_size=MICRO)
+
+        def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+            sizes.append(len(batch[0]))
+
+    model = OwnLoader(MICRO)
+    trainer = _trainer(
+        IPUStrategy(training_opts=opts),
+        devices=devices,
+        max_epochs=1,
+        accumulate_grad_batches=accumulation,
+        limit_val_batches=0,
+    )
+    trainer.fit(model)
+    combined = MICRO * devices * device_iterations * accumulation
+    assert set(sizes) == {combined}  # the loader combines per the completed options
+    assert trainer.global_step == SAMPLES // combined
+    reference = cpu_reference(devices, MICRO, accumulation, epochs=1, limit_val_batches=0)
+    assert max_difference(model, reference) < 1e-6
+
+
+def test_a_poptorch_loader_from_other_options_is_still_refused() -> None:
+    other = poptorch.Options().deviceIterations(3)
+
+    class OtherLoader(Classifier):
+        def train_dataloader(self) -> Any:
+            return poptorch.DataLoader(other, dataset(), batch_size=MICRO)
+
+    with pytest.raises(IPUStrategyError, match=r"\(3, 1, 1\) feeds a model run with \(2, 1, 1\)"):
+        _trainer(IPUStrategy(device_iterations=2), devices=1, max_epochs=1).fit(OtherLoader(MICRO))
+
+
+# -- what Lightning 2 removed -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argument", "replacement"),
+    [
+        ({"ipus": 4}, "Trainer(accelerator='ipu', devices=4)"),
+        ({"progress_bar_refresh_rate": 10}, "callbacks=[TQDMProgressBar(refresh_rate=10)]"),
+        ({"resume_from_checkpoint": "last.ckpt"}, "trainer.fit(model, ckpt_path='last.ckpt')"),
+    ],
+)
+def test_lightning1_trainer_arguments_name_their_replacement(
+    argument: dict[str, Any], replacement: str
+) -> None:
+    with pytest.raises(IPUStrategyError) as info:
+        popdist_lightning.Trainer(max_epochs=1, **argument)
+    message = str(info.value)
+    assert replacement in message and next(iter(argument)) in message and "\n" not in message
+
+
+def test_the_trainer_is_lightnings_otherwise() -> None:
+    trainer = popdist_lightning.Trainer(accelerator="ipu", devices=2, max_epochs=1, **QUIET)
+    assert isinstance(trainer, pl.Trainer) and isinstance(trainer.strategy, IPUStrategy)
+    with pytest.raises(TypeError, match="ipus"):  # Lightning's own Trainer is not patched
+        pl.Trainer(ipus=4)  # type: ignore[call-arg]
+
+
+class _EpochEnd(Classifier):
+    def training_epoch_end(self, outputs: Any) -> None:
+        pass
+
+
+class _StepEnd(Classifier):
+    def training_step_end(self, outputs: Any) -> Any:  # silently skipped by Lightning 2 alone
+        return outputs
+
+
+class _ValidationEpochEnd(Classifier):
+    def validation_epoch_end(self, outputs: Any) -> None:
+        pass
+
+
+class _TestEpochEnd(Classifier):
+    def test_epoch_end(self, outputs: Any) -> None:
+        pass
+
+
+class _OnEpochEnd(pl.Callback):
+    def on_epoch_end(self, trainer: Any, module: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("module", "run", "callbacks", "hook", "replacement"),
+    [
+        (_EpochEnd, "fit", [], "training_epoch_end", "on_train_epoch_end"),
+        (_StepEnd, "fit", [], "training_step_end", "training_step"),
+        (_ValidationEpochEnd, "validate", [], "validation_epoch_end", "on_validation_epoch_end"),
+        (_TestEpochEnd, "test", [], "test_epoch_end", "on_test_epoch_end"),
+        (Classifier, "fit", [_OnEpochEnd()], "_OnEpochEnd.on_epoch_end", "on_train_epoch_end"),
+    ],
+)
+def test_lightning1_hooks_name_their_replacement(
+    module: type[Classifier], run: str, callbacks: list[Any], hook: str, replacement: str
+) -> None:
+    trainer = _trainer(IPUStrategy(), devices=1, max_epochs=1, callbacks=callbacks)
+    with pytest.raises(IPUStrategyError) as info:
+        getattr(trainer, run)(module(MICRO))
+    message = str(info.value)
+    assert hook in message and f"use {replacement}" in message and "\n" not in message
+    assert trainer.global_step == 0  # refused before anything ran
+
+
+def test_no_removed_name_is_defined_by_lightning_itself() -> None:
+    """The hook check would refuse every module if Lightning 2 defined one of the names."""
+    from lightning.pytorch import callbacks
+
+    from popdist_lightning.legacy import REMOVED_HOOKS, REMOVED_TRAINER_ARGUMENTS
+
+    owners = [pl.LightningModule, pl.Callback, *vars(callbacks).values()]
+    assert not [(o, h) for o in owners for h in REMOVED_HOOKS if hasattr(o, h)]
+    accepted = set(inspect.signature(pl.Trainer.__init__).parameters)
+    assert not set(REMOVED_TRAINER_ARGUMENTS) & accepted
