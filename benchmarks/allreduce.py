@@ -47,9 +47,12 @@ def run_backend(backend: str, sizes: list[int], baseline: str | None = None) -> 
         for k, v in os.environ.items()
         if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_")) and k not in _CLEARED
     }
-    cwd = ROOT
+    cwd, worker = ROOT, WORKER
     if backend == "horovod (before)":
+        # The before column runs the earlier commit's own worker: this one imports modules
+        # (``popdist_torch.execution``) that the earlier layout does not have.
         backend, cwd = "horovod", Path(baseline or ROOT)
+        worker = cwd / "benchmarks" / "allreduce_worker.py"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [baseline, env.get("PYTHONPATH")]))
     if backend == "horovod-2mb":
         backend = "horovod"
@@ -58,7 +61,7 @@ def run_backend(backend: str, sizes: list[int], baseline: str | None = None) -> 
     # ``python -m poprun`` from the directory whose packages run: the baseline's own poprun
     # for the before column (its launcher defaults were part of what changed).
     poprun = [sys.executable, "-m", "poprun", "--num-instances", str(RANKS)]
-    argv = [*poprun, "--num-replicas", str(RANKS), sys.executable, str(WORKER)]
+    argv = [*poprun, "--num-replicas", str(RANKS), sys.executable, str(worker)]
     argv += ["--backend", backend, "--sizes", ",".join(map(str, sizes))]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=cwd, env=env).stdout
     lines = [line[line.index("{") :] for line in out.splitlines() if "{" in line]
