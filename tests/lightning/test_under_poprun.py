@@ -1,10 +1,12 @@
 """IPUStrategy under poprun, 2 instances × 2 local replicas: the weights of
 ``Trainer(accelerator="cpu")`` on the same global batches, ``sync_dist`` logging, checkpoints
-from instance 0 only that resume exactly, and a failing instance reported without a hang.
+from instance 0 only that resume exactly, each instance's autoreport, and a failing
+instance reported without a hang.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -55,7 +57,7 @@ def test_two_instances_of_two_replicas_train_like_the_cpu_trainer(
     device_iterations: int, accumulation: int, backend: str, tmp_path: Path
 ) -> None:
     """On either collectives backend: Lightning's reduce, broadcast and barrier go through it."""
-    poprun_fit(tmp_path, str(device_iterations), str(accumulation), backend=backend)
+    poprun_fit(tmp_path, str(device_iterations), str(accumulation), "--autoreport", backend=backend)
     reference = cpu_reference(REPLICAS, MICRO, accumulation, epochs=2).state_dict()
     got = results(tmp_path)
     for rank, result in enumerate(got):
@@ -81,6 +83,15 @@ def test_two_instances_of_two_replicas_train_like_the_cpu_trainer(
     assert not (tmp_path / "saves.1").exists()
     # rank-zero-only code ran once, on instance 0
     assert [p.name for p in tmp_path.glob("rank_zero_only.*")] == ["rank_zero_only.0"]
+    # autoreport: each instance wrote its own, one folder per graph it ran
+    for rank, result in enumerate(got):
+        folder = tmp_path / "report" / f"instance{rank}"
+        graphs = sorted(p.name for p in folder.iterdir())
+        assert graphs == ["predict", "test", "training", "validation"]
+        profile = json.loads((folder / "training" / "profile.json").read_text())
+        assert (profile["instance"], profile["instances"]) == (rank, INSTANCES)
+        assert profile["calls"] == result["global_step"]
+        assert profile["replicas"] == REPLICAS // INSTANCES
 
 
 def test_resume_under_poprun_ends_where_the_uninterrupted_run_ends(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Writes, per instance, ``OUT/result.<rank>.pt`` (state dict, metrics, prediction count...)
 and ``OUT/saves.<rank>`` (one line per checkpoint this instance wrote); checkpoints go to
 ``OUT/ckpt`` through Lightning's ModelCheckpoint. ``--fail-on N``: instance N raises in
-its first training step. ``--resume CKPT``: continue from a checkpoint.
+its first training step. ``--resume CKPT``: continue from a checkpoint. ``--autoreport``:
+``IPUStrategy(autoreport=True)`` into ``OUT/report``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--fail-on", type=int, default=-1)
     parser.add_argument("--resume", default=None)
+    parser.add_argument("--autoreport", action="store_true")
     args = parser.parse_args()
     out: Path = args.out
     rank = popdist.getInstanceIndex()
@@ -63,6 +65,8 @@ def main() -> None:
         strategy=IPUStrategy(
             device_iterations=args.device_iterations,
             checkpoint_io=RecordingIO(out / f"saves.{rank}"),
+            autoreport=args.autoreport,
+            autoreport_dir=out / "report" if args.autoreport else None,
         ),
         accumulate_grad_batches=args.accumulation,
         max_epochs=args.epochs,
