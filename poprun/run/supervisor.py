@@ -38,6 +38,7 @@ from poprun.run.processes import JobProcesses
 from poprun.run.progress.hang import HangWatch
 from poprun.run.progress.watch import DIAGNOSES, ProgressWatch, with_secret
 from poprun.run.signals import SignalInbox
+from poprun.run.status.view import ProgressView
 from poprun.run.time_limit import plan as plan_time_limit
 from poprun.run.time_limit import requeue, requeuing
 
@@ -89,7 +90,12 @@ def supervise(
     env = with_secret(env)  # the instances' progress records carry it
     while True:
         attempt = Supervisor(config, topology, argv, env, policy, inbox)
+        if status is not None:
+            status.live.attach(
+                attempt.board.snapshot, instances=len(topology.instances), started=time.monotonic()
+            )
         ending = policy.ending(attempt.run())
+        attempt.progress_view.print_report()  # the per-instance table, the straggler
         if ending.report:
             sys.stderr.write(ending.report + "\n")
         if ending.requeue:  # the line first: Slurm may end poprun as it requeues the job
@@ -124,6 +130,14 @@ def _start_mpirun(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Pop
 def _send(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
+
+
+def _wake_pair() -> tuple[socket.socket, socket.socket]:
+    """The signal wake-up: a non-blocking socket pair (read end, write end)."""
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    return wake_r, wake_w
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -173,6 +187,7 @@ class Supervisor:
         self._pidfds: dict[int, int] = {}  # pidfd -> instance (local instances only)
         self._demux: dict[int, Feed] = {}
         self._wake: socket.socket | None = None
+        self.progress_view = ProgressView(self.board.snapshot, len(topology.instances))
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -180,9 +195,7 @@ class Supervisor:
         """Start mpirun (unless a signal came first), supervise it to the end, return the evidence."""
         self.inbox.interrupting = False  # from here on the policy decides what a signal means
         self.output.open_files()
-        wake_r, wake_w = socket.socketpair()
-        wake_r.setblocking(False)
-        wake_w.setblocking(False)
+        wake_r, wake_w = _wake_pair()
         self._wake = wake_r
         self.procs.start()
         local = [p.index for p in self.topology.instances if is_local(p.host)]
@@ -261,6 +274,7 @@ class Supervisor:
             while self.policy.reading:
                 self._take_signals(proc)
                 self._take_job_control()
+                self.progress_view.answer(self.inbox.summaries)  # SIGUSR1/SIGUSR2: the live table
                 self._carry_out(proc, self.policy.due())
                 if not self.policy.reading:
                     break

@@ -4,15 +4,16 @@ The progress board (:mod:`poprun.run.progress`) keeps one record per instance; t
 (the straggler table, the Prometheus metrics, the JSON) read only the fields named by
 :class:`Figures`, so they are tested with made-up records and never depend on how the
 board is filled. The derived figures are defined once here, so the table, ``/metrics`` and
-``/status`` never disagree on what "waiting share" or "samples/s" means:
+``/status`` never disagree on what "waiting share" or "samples/s" means. Each is taken over
+the instance's *span*: from the launch (poprun's clock) to its last progress, or to now
+while the job runs. The span, not the steps' time, because an instance's own work is not
+all inside its steps: a slow data loader works between them, and the instance that waits
+for it waits inside its step's collective.
 
-- *busy time*: steps × mean step time, the time the instance spent in its steps;
-- *waiting share*: the part of that time spent waiting in collectives (the instance had
-  finished its own work and waited for its peers, or for the reduction itself);
-- *own work per step*: mean step time less the waiting per step: what this instance itself
-  costs a step. In a data-parallel job every instance steps at the pace of the slowest, so
-  step times are alike and the straggler shows as the one with the most own work and the
-  least waiting.
+- *waiting share*: the part of the span spent waiting in collectives;
+- *own work*: the rest of the span (computing, loading data, starting up). In a data-parallel
+  job every instance goes at the pace of the slowest, so their spans are alike and the
+  straggler shows as the one with the least waiting.
 """
 
 from __future__ import annotations
@@ -62,36 +63,29 @@ class Figures(Protocol):
     def pending(self) -> Call | None: ...
 
 
-def busy_s(figures: Figures) -> float:
-    """Seconds spent in steps (0 before the first step)."""
-    return figures.steps * figures.step_time_s if figures.steps > 0 else 0.0
+def span_s(figures: Figures, started: float, now: float | None = None) -> float:
+    """Seconds from the launch to the instance's last progress (to ``now``, live)."""
+    end = figures.last_progress if now is None else max(now, figures.last_progress)
+    return max(0.0, end - started)
 
 
-def wait_share(figures: Figures) -> float | None:
-    """The share of the busy time spent waiting in collectives, 0..1; None before a step.
-
-    Waiting outside steps (the first broadcast, say) counts against the steps' time, so the
-    share is capped at 1.
-    """
-    busy = busy_s(figures)
-    if busy <= 0:
+def wait_share(figures: Figures, span: float) -> float | None:
+    """The share of ``span`` spent waiting in collectives, 0..1; None for an empty span."""
+    if span <= 0:
         return None
-    return min(1.0, max(0.0, figures.wait_s / busy))
+    return min(1.0, max(0.0, figures.wait_s / span))
 
 
-def own_work_s(figures: Figures) -> float | None:
-    """Mean seconds of a step this instance spent on its own work (not waiting); None
-    before a step."""
-    if figures.steps <= 0:
+def own_work_s(figures: Figures, span: float) -> float:
+    """Seconds of ``span`` not spent waiting in collectives."""
+    return max(0.0, span - figures.wait_s)
+
+
+def samples_per_s(figures: Figures, span: float) -> float | None:
+    """Samples a second over ``span``; None before the first sample."""
+    if span <= 0 or figures.samples <= 0:
         return None
-    return max(0.0, figures.step_time_s - figures.wait_s / figures.steps)
-
-
-def samples_per_s(figures: Figures) -> float | None:
-    """Samples per second at the mean step time; None before a step or without samples."""
-    if figures.steps <= 0 or figures.step_time_s <= 0 or figures.samples <= 0:
-        return None
-    return figures.samples / figures.steps / figures.step_time_s
+    return figures.samples / span
 
 
 def progress_age_s(figures: Figures, now: float) -> float:

@@ -24,44 +24,46 @@ from poprun.run.status.figures import (
     own_work_s,
     progress_age_s,
     samples_per_s,
+    span_s,
     wait_share,
 )
 
 LABELS = ("instance", "host")
-#: (name, help, kind, the figure) of each per-instance series.
-SERIES: tuple[tuple[str, str, str, Callable[[Figures], float | None]], ...] = (
+#: (name, help, kind, the figure: (figures, span) -> value) of each per-instance series.
+SERIES: tuple[tuple[str, str, str, Callable[[Figures, float], float | None]], ...] = (
     ("poprun_instance_steps", "Training steps the instance has finished.", "counter",
-     lambda f: f.steps),
+     lambda f, span: f.steps),
     ("poprun_instance_samples", "Samples the instance has processed.", "counter",
-     lambda f: f.samples),
-    ("poprun_instance_samples_per_second", "Samples a second at the mean step time.", "gauge",
+     lambda f, span: f.samples),
+    ("poprun_instance_samples_per_second", "Samples a second since the launch.", "gauge",
      samples_per_s),
-    ("poprun_instance_step_seconds", "Mean step time.", "gauge",
-     lambda f: f.step_time_s if f.steps > 0 else None),
-    ("poprun_instance_own_work_seconds", "Mean step time less the waiting a step.", "gauge",
-     own_work_s),
-    ("poprun_instance_collectives", "Collectives the instance has issued.", "counter",
-     lambda f: f.collectives),
+    ("poprun_instance_step_seconds", "Mean step time (an executor call).", "gauge",
+     lambda f, span: f.step_time_s if f.steps > 0 else None),
+    ("poprun_instance_collectives", "Collectives the instance has finished.", "counter",
+     lambda f, span: f.collectives),
     ("poprun_instance_reduced_bytes", "Bytes the instance has put into reductions.", "counter",
-     lambda f: f.bytes_reduced),
+     lambda f, span: f.bytes_reduced),
     ("poprun_instance_collective_wait_seconds", "Seconds spent waiting in collectives.",
-     "counter", lambda f: f.wait_s),
-    ("poprun_instance_collective_wait_ratio", "Share of the step time spent waiting.", "gauge",
-     wait_share),
+     "counter", lambda f, span: f.wait_s),
+    ("poprun_instance_collective_wait_ratio", "Share of the time since the launch spent "
+     "waiting in collectives.", "gauge", wait_share),
+    ("poprun_instance_own_work_seconds", "Seconds since the launch not spent waiting in "
+     "collectives.", "gauge", own_work_s),
     ("poprun_instance_resident_memory_bytes", "Resident set size.", "gauge",
-     lambda f: f.rss_bytes),
+     lambda f, span: f.rss_bytes),
     ("poprun_instance_resident_memory_peak_bytes", "Peak resident set size.", "gauge",
-     lambda f: f.rss_peak_bytes),
+     lambda f, span: f.rss_peak_bytes),
 )  # fmt: skip
 
 
 def families(
-    figures: Sequence[Figures], now: float, *, instances: int, running_s: float
+    figures: Sequence[Figures], now: float, *, instances: int, started: float
 ) -> list[Metric]:
-    """The metric families of one snapshot (``now``: poprun's monotonic clock)."""
+    """The metric families of one snapshot (``now``, ``started``: poprun's monotonic clock,
+    the moment and the launch)."""
     job = GaugeMetricFamily("poprun_job_instances", "Instances of the job.", value=instances)
     uptime = GaugeMetricFamily(
-        "poprun_job_running_seconds", "Seconds since the job was launched.", value=running_s
+        "poprun_job_running_seconds", "Seconds since the job was launched.", value=now - started
     )
     out: list[Metric] = [job, uptime]
     ordered = sorted(figures, key=lambda f: f.instance)
@@ -72,7 +74,7 @@ def families(
             else GaugeMetricFamily(name, text, labels=LABELS)
         )
         for f in ordered:
-            value = read(f)
+            value = read(f, span_s(f, started, now))
             if value is not None:
                 family.add_metric([str(f.instance), f.host], float(value))  # type: ignore[attr-defined]
         out.append(family)
@@ -99,12 +101,12 @@ class JobCollector(Collector):
     """A collector that reads the board's snapshot at each scrape."""
 
     def __init__(self, snapshot: Callable[[], tuple[Sequence[Figures], float, int, float]]):
-        #: () -> (figures, now, instances, running seconds)
+        #: () -> (figures, now, instances, launch time)
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        figures, now, instances, running_s = self.snapshot()
-        yield from families(figures, now, instances=instances, running_s=running_s)
+        figures, now, instances, started = self.snapshot()
+        yield from families(figures, now, instances=instances, started=started)
 
 
 def registry(
@@ -117,19 +119,20 @@ def registry(
     return own
 
 
-def text(figures: Sequence[Figures], now: float, *, instances: int, running_s: float) -> bytes:
+def text(figures: Sequence[Figures], now: float, *, instances: int, started: float) -> bytes:
     """The Prometheus text exposition of one snapshot."""
     from prometheus_client import generate_latest
 
-    return generate_latest(registry(lambda: (figures, now, instances, running_s)))
+    return generate_latest(registry(lambda: (figures, now, instances, started)))
 
 
 def status_json(
-    figures: Sequence[Figures], now: float, *, instances: int, running_s: float
+    figures: Sequence[Figures], now: float, *, instances: int, started: float
 ) -> dict[str, Any]:
     """The same figures as a JSON-ready mapping (``/status``)."""
     rows = []
     for f in sorted(figures, key=lambda f: f.instance):
+        span = span_s(f, started, now)
         pending = None
         if f.pending is not None:
             call = f.pending
@@ -145,17 +148,17 @@ def status_json(
                 "host": f.host,
                 "steps": f.steps,
                 "samples": f.samples,
-                "samples_per_s": samples_per_s(f),
+                "samples_per_s": samples_per_s(f, span),
                 "step_time_s": f.step_time_s if f.steps > 0 else None,
-                "own_work_s": own_work_s(f),
+                "own_work_s": own_work_s(f, span),
                 "collectives": f.collectives,
                 "bytes_reduced": f.bytes_reduced,
                 "wait_s": f.wait_s,
-                "wait_share": wait_share(f),
+                "wait_share": wait_share(f, span),
                 "rss_bytes": f.rss_bytes,
                 "rss_peak_bytes": f.rss_peak_bytes,
                 "last_progress_age_s": round(progress_age_s(f, now), 6),
                 "pending": pending,
             }
         )
-    return {"instances": instances, "running_s": round(running_s, 6), "progress": rows}
+    return {"instances": instances, "running_s": round(now - started, 6), "progress": rows}

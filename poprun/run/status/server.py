@@ -48,7 +48,7 @@ class Live:
         self.started = started
 
     def read(self) -> tuple[Sequence[Figures], float, int, float]:
-        """(figures, now, instances, seconds since launch) at this moment."""
+        """(figures, now, instances, launch time) at this moment (poprun's monotonic clock)."""
         now = time.monotonic()
         figures: Sequence[Figures] = ()
         if self._snapshot is not None:
@@ -56,8 +56,7 @@ class Live:
                 with contextlib.suppress(RuntimeError):
                     figures = list(self._snapshot())
                     break
-        running = now - self.started if self.started is not None else 0.0
-        return figures, now, self.instances, running
+        return figures, now, self.instances, now if self.started is None else self.started
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -68,14 +67,14 @@ class _Handler(BaseHTTPRequestHandler):
         from poprun.run.status import metrics
 
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
-        figures, now, instances, running = self.server.live.read()
+        figures, now, instances, started = self.server.live.read()
         if path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST
 
-            body = metrics.text(figures, now, instances=instances, running_s=running)
+            body = metrics.text(figures, now, instances=instances, started=started)
             self._send(200, CONTENT_TYPE_LATEST, body)
         elif path in ("/status", "/status.json"):
-            data = metrics.status_json(figures, now, instances=instances, running_s=running)
+            data = metrics.status_json(figures, now, instances=instances, started=started)
             self._send(200, "application/json", json.dumps(data).encode())
         elif path == "/":
             self._send(200, "text/plain; charset=utf-8", b"poprun: /metrics, /status\n")

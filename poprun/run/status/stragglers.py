@@ -1,22 +1,22 @@
 """The per-instance table and the straggler (pure): printed at the end of a multi-instance run
 and, live, on the summary signal.
 
-In a data-parallel job every step ends in a collective, so every instance steps at the pace
-of the slowest one: the step times are alike and the slow instance does not show there. It
-shows in the waiting: the others finish their own work first and wait in the collective for
-it. So the straggler is the instance with the most *own work* a step (mean step time less
-its waiting a step, :func:`~poprun.run.status.figures.own_work_s`), and what it cost the
-others is their waiting beyond its own, measured, not inferred: each other instance's
-waiting time less the straggler's (the straggler waits only for the reduction itself).
+In a data-parallel job every step ends in a collective, so every instance goes at the pace of
+the slowest one, and the slow instance does not show in the step times (its own may even be
+the shortest: its slow part, a data loader say, may lie between its steps). It shows in the
+waiting: the others finish their own work first and wait in the collective for it. So the
+straggler is the instance with the most *own work* (its span less its waiting,
+:mod:`poprun.run.status.figures`), and what it cost the others is their waiting beyond its
+own, measured, not inferred: each other instance's waiting time less the straggler's (the
+straggler waits only for the reduction itself).
 
 It is named only when the spread is worth a user's attention, both:
 
-- its own work a step exceeds the median of the others' by at least :data:`SPREAD` (10 %):
+- its own work exceeds the median of the others' by at least :data:`SPREAD` (10 %):
   instances doing the same work differ by a few percent from scheduling and caches alone,
   and naming one for that would be noise;
-- the others lost at least :data:`COST` (5 %) of their step time waiting for it: a
-  straggler that costs the job less is not worth acting on, even when relatively slow
-  (short steps dominated by the reduction).
+- the others lost at least :data:`COST` (5 %) of their time waiting for it: a straggler that
+  costs the job less is not worth acting on, even when relatively slow.
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ from dataclasses import dataclass
 
 from poprun.run.status.figures import (
     Figures,
-    busy_s,
     own_work_s,
     progress_age_s,
     reported,
     seconds,
     size,
+    span_s,
     wait_share,
 )
 
-#: The slowest instance's own work a step must exceed the others' median by this share.
+#: The slowest instance's own work must exceed the others' median by this share...
 SPREAD = 0.10
-#: ... and the others must have spent this share of their step time waiting for it.
+#: ... and the others must have spent this share of their time waiting for it.
 COST = 0.05
 
 PREFIX = "poprun: "
@@ -50,19 +50,19 @@ class Straggler:
 
     instance: int
     host: str
-    #: Its own work a step, and the median of the others' (seconds).
+    #: Its own work (seconds of its span not spent waiting), and the median of the others'.
     own_s: float
     others_own_s: float
     #: The others' waiting beyond the straggler's, added up over them (seconds) ...
     cost_s: float
-    #: ... a step, per other instance (seconds) ...
-    cost_per_step_s: float
-    #: ... and as a share of the others' time in steps.
+    #: ... a step, per other instance (None when they have not stepped) ...
+    cost_per_step_s: float | None
+    #: ... and as a share of the others' time.
     cost_share: float
 
     @property
     def spread(self) -> float:
-        """How much more own work a step than the others' median (0.5: 50 % more)."""
+        """How much more own work than the others' median (0.5: 50 % more)."""
         if self.others_own_s <= 0:
             return float("inf") if self.own_s > 0 else 0.0
         return self.own_s / self.others_own_s - 1.0
@@ -74,57 +74,63 @@ class Straggler:
 
     def line(self) -> str:
         """One sentence naming it and its cost."""
+        step = f", {seconds(self.cost_per_step_s)} a step" if self.cost_per_step_s else ""
         return (
-            f"{PREFIX}instance {self.instance} ({self.host}) held the others up: "
-            f"{seconds(self.own_s)} of its own work a step against {seconds(self.others_own_s)} "
-            f"for the others; they waited {seconds(self.cost_per_step_s)} a step for it "
-            f"({seconds(self.cost_s)} in all, {self.cost_share:.0%} of their time)"
+            f"{PREFIX}instance {self.instance} ({self.host}) held the others up: they waited "
+            f"{seconds(self.cost_s)} in all for it in collectives "
+            f"({self.cost_share:.0%} of their time{step})"
         )
 
 
-def slowest(figures: Sequence[Figures]) -> Straggler | None:
-    """The instance with the most own work a step and its cost to the others; None with
-    fewer than two instances that have stepped."""
-    stepped = [f for f in figures if own_work_s(f) is not None]
-    if len(stepped) < 2:
+def slowest(
+    figures: Sequence[Figures], started: float, now: float | None = None
+) -> Straggler | None:
+    """The instance with the most own work and its cost to the others; None with fewer than
+    two instances that reported progress."""
+    active = [f for f in figures if (f.steps > 0 or f.collectives > 0)]
+    spans = {f.instance: span_s(f, started, now) for f in active}
+    active = [f for f in active if spans[f.instance] > 0]
+    if len(active) < 2:
         return None
-    worst = max(stepped, key=lambda f: (own_work_s(f) or 0.0, -f.instance))
-    others = [f for f in stepped if f is not worst]
+
+    def own(f: Figures) -> float:
+        return own_work_s(f, spans[f.instance])
+
+    worst = max(active, key=lambda f: (own(f), -f.instance))
+    others = [f for f in active if f is not worst]
     extra = [max(0.0, f.wait_s - worst.wait_s) for f in others]
     cost = sum(extra)
-    others_busy = sum(busy_s(f) for f in others)
-    per_step = statistics.mean(e / f.steps for e, f in zip(extra, others, strict=True))
+    others_span = sum(spans[f.instance] for f in others)
+    stepped = [(e, f.steps) for e, f in zip(extra, others, strict=True) if f.steps > 0]
     return Straggler(
         instance=worst.instance,
         host=worst.host,
-        own_s=own_work_s(worst) or 0.0,
-        others_own_s=statistics.median(own_work_s(f) or 0.0 for f in others),
+        own_s=own(worst),
+        others_own_s=statistics.median(own(f) for f in others),
         cost_s=cost,
-        cost_per_step_s=per_step,
-        cost_share=cost / others_busy if others_busy > 0 else 0.0,
+        cost_per_step_s=statistics.mean(e / n for e, n in stepped) if stepped else None,
+        cost_share=cost / others_span if others_span > 0 else 0.0,
     )
 
 
-def _waiting(f: Figures) -> str:
-    share = wait_share(f)
+def _waiting(f: Figures, span: float) -> str:
+    share = wait_share(f, span)
     if share is None:
         return seconds(f.wait_s) if f.wait_s > 0 else "-"
     return f"{share:.0%} ({seconds(f.wait_s)})"
 
 
-def rows(figures: Sequence[Figures], now: float | None = None) -> list[str]:
-    """The table's lines, aligned (``now`` adds the "last progress" age column)."""
-    header = ["instance", "host", "steps", "step time", "own work", "waiting", "peak RSS"]
+def rows(figures: Sequence[Figures], started: float, now: float | None = None) -> list[str]:
+    """The table's lines, aligned (``now``: live, with the "last progress" age column)."""
+    header = ["instance", "host", "steps", "step time", "waiting", "peak RSS"]
     body = []
     for f in sorted(figures, key=lambda f: f.instance):
-        own = own_work_s(f)
         row = [
             str(f.instance),
             f.host,
             str(f.steps),
             seconds(f.step_time_s) if f.steps > 0 else "-",
-            seconds(own) if own is not None else "-",
-            _waiting(f),
+            _waiting(f, span_s(f, started, now)),
             size(f.rss_peak_bytes) if f.rss_peak_bytes > 0 else "-",
         ]
         if now is not None:
@@ -145,27 +151,30 @@ def rows(figures: Sequence[Figures], now: float | None = None) -> list[str]:
     return [render(header), *(render(r) for r in body)]
 
 
-def report(figures: Sequence[Figures]) -> str:
-    """What poprun prints at the end of a run: "" for one instance or when none reported."""
+TITLE = "progress of the {n} instances (step time: mean; waiting: in collectives, share of the run)"
+
+
+def report(figures: Sequence[Figures], started: float) -> str:
+    """What poprun prints at the end of a run: "" for one instance or when none reported.
+
+    ``started``: when the job was launched (poprun's monotonic clock)."""
     if len(figures) < 2 or not reported(list(figures)):
         return ""
-    lines = [
-        f"{PREFIX}progress of the {len(figures)} instances (mean step time; waiting in collectives):"
-    ]
-    lines += rows(figures)
-    found = slowest(figures)
+    lines = [PREFIX + TITLE.format(n=len(figures)) + ":", *rows(figures, started)]
+    found = slowest(figures, started)
     if found is not None and found.worth_naming:
         lines.append(found.line())
     return "\n".join(lines)
 
 
-def summary(figures: Sequence[Figures], now: float, *, instances: int, running_s: float) -> str:
+def summary(figures: Sequence[Figures], now: float, *, instances: int, started: float) -> str:
     """The live summary (the summary signal): the table, the pending collectives, the
     straggler when worth naming; a line saying so when nothing was reported yet."""
-    head = f"{PREFIX}status after {seconds(running_s)}, {instances} instance{'s' if instances != 1 else ''}"
+    plural = "s" if instances != 1 else ""
+    head = f"{PREFIX}status after {seconds(max(0.0, now - started))}, {instances} instance{plural}"
     if not reported(list(figures)):
         return f"{head}: no progress reported yet"
-    lines = [f"{head}:", *rows(figures, now)]
+    lines = [f"{head}:", *rows(figures, started, now)]
     for f in sorted(figures, key=lambda f: f.instance):
         if f.pending is not None:
             call = f.pending
@@ -173,7 +182,7 @@ def summary(figures: Sequence[Figures], now: float, *, instances: int, running_s
                 f"{PREFIX}instance {f.instance} is in collective #{call.seq} {call.kind} "
                 f"{call.name!r} for {seconds(max(0.0, now - call.started))}"
             )
-    found = slowest(figures)
+    found = slowest(figures, started, now)
     if found is not None and found.worth_naming:
         lines.append(found.line())
     return "\n".join(lines)
