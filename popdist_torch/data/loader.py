@@ -22,12 +22,14 @@ one combined batch is an error rather than an empty loader.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import torch
 from torch.utils import data as tud
+from torch.utils._pytree import tree_map
 
 from popdist_torch.data.arguments import LoaderArguments, make_plan
 from popdist_torch.data.epoch_order import EpochOrder, Seeds
@@ -46,6 +48,7 @@ from popdist_torch.data.samplers import CombiningBatchSampler, EpochSampler
 from popdist_torch.data.streams import ShardedIterable
 from popdist_torch.enums import DataLoaderMode
 from popdist_torch.errors import DataLoaderError
+from popdist_torch.execution.synthetic import generated
 
 __all__ = ["DataLoader"]
 
@@ -101,6 +104,8 @@ class DataLoader(tud.DataLoader[Any]):
             generator=kwargs.get("generator"),
         )
         self._options = options
+        self._user_dataset = dataset
+        self._synthetic_batch: Any = None  # with enableSyntheticData: the batch yielded
         self._plan, self._seeds = make_plan(options, dataset, args)
         if persistent_workers is None:
             persistent_workers = num_workers > 0
@@ -169,6 +174,8 @@ class DataLoader(tud.DataLoader[Any]):
         epoch, skip = self._next_epoch, self._next_batch
         self._epoch, self._consumed, self._epoch_done = epoch, skip, False
         self._next_epoch, self._next_batch = epoch + 1, 0
+        if getattr(self._options, "synthetic_data", False):
+            return _LoaderIterator(self, self._synthetic_epoch(skip), epoch)
         order = self._start(epoch)
         fast_skip = self._feed(order, skip)
         source: Iterator[Any] = super().__iter__()
@@ -181,6 +188,20 @@ class DataLoader(tud.DataLoader[Any]):
             self._prefetcher = Prefetcher(source, self._plan.depth, name="popdist-dataloader")
             source = self._prefetcher
         return _LoaderIterator(self, source, epoch)
+
+    def _synthetic_epoch(self, skip: int) -> Iterator[Any]:
+        """An epoch of generated batches (``enableSyntheticData``): the dataset is read once,
+        one sample, for the batch's structure, shapes and types; no worker starts."""
+        if self._synthetic_batch is None:
+            self._synthetic_batch = synthetic_batch(self._user_dataset, self._plan, self.collate_fn)
+        try:
+            batches = len(self)
+        except TypeError:
+            raise DataLoaderError(
+                "enableSyntheticData(True) needs a dataset with a length (len(dataset)), to "
+                "know how many batches an epoch has"
+            ) from None
+        return itertools.repeat(self._synthetic_batch, max(batches - skip, 0))
 
     def _start(self, epoch: int) -> EpochOrder:
         """The order of ``epoch`` (drawing the shuffle seed the first time one is needed)."""
@@ -289,6 +310,33 @@ def _feeds(
 
 
 _END = object()
+
+
+def synthetic_batch(dataset: Any, plan: LoaderPlan, collate: Any) -> Any:
+    """A generated combined batch shaped as ``plan`` makes them from ``dataset``'s samples.
+
+    One sample is read (the first) and collated alone; each tensor of the result becomes a
+    generated one (:func:`popdist_torch.execution.synthetic.generated`) with the combined
+    batch size as its leading dimension. An unbatched loader's sample is its batch.
+    """
+    if plan.source == BATCH_SAMPLER:
+        raise DataLoaderError(
+            "enableSyntheticData(True) needs a batch_size (a batch_sampler's batches may "
+            "differ in size): pass batch_size instead of batch_sampler"
+        )
+    sample = next(iter(dataset)) if isinstance(dataset, tud.IterableDataset) else dataset[0]
+    if plan.source == UNBATCHED or plan.combined is None:
+        template = tud.default_convert(sample)  # type: ignore[no-untyped-call]
+        return tree_map(lambda t: generated(t) if isinstance(t, torch.Tensor) else t, template)
+    combined = plan.combined
+    template = collate([sample])
+
+    def one(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        return generated(t, (combined, *t.shape[1:]) if t.dim() else (combined,))
+
+    return tree_map(one, template)
 
 
 class _LoaderIterator(Iterator[Any]):

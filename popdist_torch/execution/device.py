@@ -25,6 +25,7 @@ class DeviceSide:
     """Attachment, host/device copies and the random state of one wrapped model."""
 
     _attached: bool
+    _compiled: bool
 
     def _check_alive(self) -> None:
         raise NotImplementedError
@@ -56,8 +57,8 @@ class DeviceSide:
         self._check_alive()
 
     def isCompiled(self) -> bool:
-        """True: eager execution needs no compilation."""
-        return True
+        """Whether the model was called or ``compile()``-d (eager execution compiles nothing)."""
+        return self._compiled
 
     @property
     def rng_state(self) -> list[int]:

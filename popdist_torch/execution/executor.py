@@ -29,6 +29,7 @@ from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
 from popdist_torch.execution.batch import Batch
 from popdist_torch.execution.device import DeviceSide
+from popdist_torch.execution.observation import Observation
 from popdist_torch.execution.outputs import OutputCollector
 from popdist_torch.execution.placement import (
     CPU,
@@ -103,7 +104,7 @@ def _connect(
     return GradientReducer(collectives, model.named_parameters(), average=average)
 
 
-class PoplarExecutor(DeviceSide):
+class PoplarExecutor(DeviceSide, Observation):
     """A wrapped model (PopTorch's name): call it with a whole batch per call."""
 
     def __init__(
@@ -131,6 +132,7 @@ class PoplarExecutor(DeviceSide):
         self._training = training
         self._attached = True
         self._destroyed = False
+        self._compiled = False
         # The instance's GPU when it has one; before the broadcast, which then runs there.
         self._device = instance_device(
             pipelined=uses_stages(model, opts), num_processes=opts.Distributed.numProcesses
@@ -146,6 +148,7 @@ class PoplarExecutor(DeviceSide):
             zero_grad=self._zero_grad if training else None,
             device_type=self._device.type,
         )
+        self._observe(self._device)
 
     # -- PopTorch's executor surface ----------------------------------------------------
     @property
@@ -171,11 +174,13 @@ class PoplarExecutor(DeviceSide):
         """Check a batch's shape against the options without running it."""
         self._check_alive()
         Batch(args, kwargs, self._options)
+        self._compiled = True
 
     def destroy(self) -> None:
         """Release hooks and the device; the wrapped model can no longer be called."""
         if self._reducer is not None:
             self._reducer.remove()
+        self._end_observation()
         self._destroyed = True
         self._attached = False
 
@@ -220,7 +225,9 @@ class PoplarExecutor(DeviceSide):
         self._check_alive()
         if not self._attached:
             self._attached = True
+        args, kwargs = self._inputs(args, kwargs)  # generated ones with synthetic data
         batch = Batch(args, kwargs, self._options, self._device)
+        self._compiled = True
         model = self._user_model
         was_training = model.training
         if was_training != self._training:  # module.train() walks every submodule
@@ -236,6 +243,11 @@ class PoplarExecutor(DeviceSide):
                 model.train(was_training)
 
     def _run(self, batch: Batch) -> Any:
+        return (
+            self._observed_run(batch, self._run_once) if self._observing else self._run_once(batch)
+        )
+
+    def _run_once(self, batch: Batch) -> Any:
         if self._training:
             return self._train(batch)
         with torch.no_grad():
@@ -287,7 +299,7 @@ class PoplarExecutor(DeviceSide):
 
     def _collector(self) -> OutputCollector:
         o = self._options
-        return OutputCollector(
+        return self._collector_for(
             o.output_mode,
             o.device_iterations,
             o.Training.gradient_accumulation,
@@ -314,6 +326,8 @@ class PoplarExecutor(DeviceSide):
                 optimizer.unscale_next_step(loss_scaling)
             with self._optimizer_state_on_device():
                 optimizer.step()
+            if self._anchors is not None:
+                self._anchors.after_update(d)
         return collector.result()
 
     def _infer(self, batch: Batch) -> Any:
@@ -321,6 +335,8 @@ class PoplarExecutor(DeviceSide):
         for d in range(batch.iterations):
             if collector.wants(d, 0):
                 self._runner.forward(batch, d, collector)
+            if self._anchors is not None:
+                self._anchors.after_update(d)
         return collector.result()
 
     @contextlib.contextmanager

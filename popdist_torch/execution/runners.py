@@ -83,6 +83,10 @@ class LocalReplicaRunner(ReplicaRunner):
         if autocast is not None:
             self._fused = False  # torch.autocast has no effect inside vmap
 
+    def run_in_turn(self) -> None:
+        """Run the replicas one after the other from now on (hooks that must see each one)."""
+        self._fused = False
+
     @property
     def fused(self) -> bool | None:
         """Whether replicas run as one ``vmap`` (``None`` until a call has decided)."""
@@ -160,7 +164,7 @@ class LocalReplicaRunner(ReplicaRunner):
         last: bool,
         keep: bool,
     ) -> Any:
-        model, training = self.model, scale is not None
+        model = self.model
 
         # The parameters enter unbatched, as the module's own tensors (no functional_call
         # swapping them in and out on every call): autograd reaches them through the

@@ -25,6 +25,7 @@ from popdist_torch.errors import OptionsError
 from popdist_torch.options.compiler import JitOptions, PopartOptions
 from popdist_torch.options.distributed import DistributedOptions
 from popdist_torch.options.group import OptionGroup, install_setters
+from popdist_torch.options.observing import ObservingOptions
 from popdist_torch.options.precision import PrecisionOptions
 from popdist_torch.options.tensor_locations import TensorLocationOptions
 from popdist_torch.options.training import TrainingOptions
@@ -34,7 +35,7 @@ __all__ = ["Options"]
 
 
 @install_setters
-class Options(OptionGroup):
+class Options(ObservingOptions):
     """PopTorch's options: batching, replication, outputs, distribution, caching."""
 
     _owner = "Options"
@@ -267,6 +268,7 @@ class Options(OptionGroup):
             "broadcast_buffers": self._broadcast_buffers,
             "executable_cache_dir": self._executable_cache_dir,
             "ipus_per_replica": self._ipus_per_replica,
+            **self._observing_values(),
             "execution_strategy": repr(self._execution_strategy)
             if self._execution_strategy
             else None,

@@ -89,12 +89,8 @@ def test_bad_values_raise_value_error(call: object, match: str) -> None:
 
 def test_unsupported_options_raise() -> None:
     opts = poptorch.Options()
-    with pytest.raises(poptorch.UnsupportedOptionError, match="enableSyntheticData"):
-        opts.enableSyntheticData(True)
     with pytest.raises(poptorch.UnsupportedOptionError, match="inputReplicaGrouping"):
         opts.inputReplicaGrouping(2)
-    with pytest.raises(poptorch.UnsupportedOptionError, match="anchorTensor"):
-        opts.anchorTensor("x", "y")
     with pytest.raises(AttributeError):
         opts.notAnOption(1)  # type: ignore[attr-defined]
 

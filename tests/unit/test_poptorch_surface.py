@@ -79,7 +79,7 @@ POPTORCH_3: dict[str, str] = {
 _LOC = poptorch.TensorLocationSettings().useOnChipStorage(False)
 OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "anchorMode": ((poptorch.OutputMode.All,), "set"),
-    "anchorTensor": (("grad", "x"), "refused"),
+    "anchorTensor": (("grad", "x"), "set"),
     "appendToLocationExcludes": (("torch/nn",), "no-op"),
     "autoRoundNumIPUs": ((True,), "no-op"),
     "broadcastBuffers": ((False,), "set"),
@@ -92,7 +92,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "enableExecutableCaching": ((None,), "set"),
     "enableProfiling": (("profile",), "refused"),
     "enableStableNorm": ((True,), "no-op"),
-    "enableSyntheticData": ((True,), "refused"),
+    "enableSyntheticData": ((True,), "set"),
     "exists": (("random_seed",), "set"),
     "from_json": (("{}",), "refused"),
     "inputReplicaGrouping": ((2,), "refused"),
