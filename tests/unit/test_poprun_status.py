@@ -287,3 +287,35 @@ def test_a_summary_request_is_counted_never_an_interruption_and_handlers_go_back
     finally:
         inbox.restore()
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"status_port": "70000"},
+            "--status-port=70000: is not a TCP port; fix: give --status-port 0 to 65535",
+        ),
+        ({"status_port": "-1"}, "--status-port=-1: must be at least 0"),
+        ({"status_port": "web"}, "--status-port=web: is not a whole number"),
+        (
+            {"status_address": "0.0.0.0"},
+            "--status-address=0.0.0.0: has nothing to serve without --status-port",
+        ),
+    ],
+)
+def test_bad_status_options_are_one_line(values: dict[str, str], message: str) -> None:
+    from poprun.config.run_config import build
+    from poprun.errors import PoprunError
+
+    with pytest.raises(PoprunError) as error:
+        build(values, ("true",), {"PATH": "/usr/bin:/bin"})
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_status_options_are_read() -> None:
+    from poprun.config.run_config import build
+
+    config = build({"status_port": "0", "status_address": "::1"}, ("true",), {"PATH": "/bin"})
+    assert (config.status_port, config.status_address) == (0, "::1")
+    assert build({}, ("true",), {"PATH": "/bin"}).status_port is None
