@@ -12,10 +12,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
 import popdist_lightning
 import popdist_torch as poptorch
 from popdist_lightning import IPUStrategy, IPUStrategyError
+from popdist_lightning.strategy.loaders import adopt_poptorch_loader
 from tests.lightning.cases import (
     QUIET,
     SAMPLES,
@@ -269,3 +271,42 @@ def test_no_removed_name_is_defined_by_lightning_itself() -> None:
     assert not [(o, h) for o in owners for h in REMOVED_HOOKS if hasattr(o, h)]
     accepted = set(inspect.signature(pl.Trainer.__init__).parameters)
     assert not set(REMOVED_TRAINER_ARGUMENTS) & accepted
+
+
+class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        return iter(torch.arange(40.0))
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"batch_size": 2, "shuffle": True},
+        {"batch_size": 2, "order": "topology_invariant", "drop_last": False},
+        {"batch_sampler": [[i, i + 1] for i in range(0, 48, 2)]},
+        {"batch_size": 2, "mode": poptorch.DataLoaderMode.Async, "num_workers": 1},
+    ],
+    ids=["shuffle", "order", "batch_sampler", "async"],
+)
+def test_a_rebuilt_loader_keeps_its_arguments(arguments: dict[str, Any]) -> None:
+    """Rebuilt for the completed options, a user's loader yields what one built with them would."""
+    stated = poptorch.Options().deviceIterations(2).randomSeed(5)
+    completed = stated.clone()
+    completed.Training.gradientAccumulation(3)
+    data = torch.utils.data.TensorDataset(torch.arange(48.0))
+    rebuilt = adopt_poptorch_loader(
+        poptorch.DataLoader(stated, data, **arguments), completed, stated
+    )
+    direct = poptorch.DataLoader(completed.clone(), data, **arguments)
+    got, want = [b[0].tolist() for b in rebuilt], [b[0].tolist() for b in direct]
+    assert got == want and len(got[0]) == 2 * 2 * 3
+    assert adopt_poptorch_loader(direct, completed, stated) is direct  # already right: kept
+
+
+def test_a_rebuilt_stream_keeps_its_dataset() -> None:
+    completed = poptorch.Options()
+    completed.Training.gradientAccumulation(4)
+    rebuilt = adopt_poptorch_loader(
+        poptorch.DataLoader(poptorch.Options(), _Stream(), batch_size=2), completed, None
+    )
+    assert next(iter(rebuilt)).tolist() == list(range(8))
