@@ -48,6 +48,6 @@ class PopartOptions(OptionGroup):
                     f"opts._Popart.set({name!r}, ...): {name!r} is not a PopART session "
                     f"option; it is recorded and has no effect (check the spelling)",
                     UserWarning,
-                    stacklevel=4,
+                    stacklevel=3,  # the caller of the setter
                 )
         return super()._keep(key, value)

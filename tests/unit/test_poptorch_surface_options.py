@@ -105,8 +105,9 @@ def test_popart_set_records_known_keys_silently() -> None:
 
 def test_popart_set_warns_once_for_an_unknown_key() -> None:
     opts = poptorch.Options()
-    with pytest.warns(UserWarning, match="'autoRecompute' is not a PopART session option"):
+    with pytest.warns(UserWarning, match="'autoRecompute' is not a PopART session option") as w:
         opts._Popart.set("autoRecompute", 3)
+    assert w[0].filename == __file__  # it points at the program's line
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         poptorch.Options()._Popart.set("autoRecompute", 2)  # once per key
