@@ -18,6 +18,5 @@ def test_srun_places_tasks_on_both_nodes(slurm: SlurmCluster) -> None:
 def test_sbatch_runs_a_script_with_the_allocation(slurm: SlurmCluster) -> None:
     script = '#!/bin/sh\necho "nodes=$SLURM_JOB_NODELIST tasks=$SLURM_TASKS_PER_NODE"\nexit 3\n'
     job, output, done = slurm.sbatch(script, ["-N2", "--ntasks-per-node=2"])
-    assert job > 0, done.stdout
-    assert done.returncode == 3, done.stdout
+    assert job > 0 and (done.stdout, done.returncode) == ("FAILED", 3), output
     assert "nodes=n[1-2] tasks=2(x2)" in output

@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.processes import reap_children
@@ -455,6 +456,55 @@ class SlurmCluster:
         """``srun ALLOC COMMAND``: a job (or, inside one, a step) running COMMAND on its nodes."""
         return self.run([_path("srun"), *alloc, *command], **kwargs)  # type: ignore[arg-type]
 
+    def submit(
+        self, script: str, alloc: Sequence[str] = (), *, env: Mapping[str, str] | None = None
+    ) -> tuple[int, Path]:
+        """Submit ``script`` (its text) with ``sbatch ALLOC``; (job id, its output file).
+
+        The script runs on the first node, in this repository's root unless ``--chdir``.
+        """
+        handle, path = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.dir)
+        with os.fdopen(handle, "w") as out:
+            out.write(script)
+        os.chmod(path, 0o755)
+        output = Path(f"{path}.out")
+        done = self.run(
+            [_path("sbatch"), "--parsable", "-o", str(output), *alloc, path], env=env, timeout=30
+        )
+        first = done.stdout.strip().split(";")[0]
+        if done.returncode != 0 or not first.isdigit():
+            raise RuntimeError(f"sbatch failed ({done.returncode}):\n{done.stdout}")
+        return int(first), output
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job``'s fields (``JobState``, ``ExitCode``, ``Restarts``, ...)."""
+        done = self.client("scontrol", "-o", "show", "job", str(job_id))
+        fields: dict[str, str] = {}
+        for word in done.stdout.split():
+            key, sep, value = word.partition("=")
+            if sep and key not in fields:
+                fields[key] = value
+        return fields
+
+    def wait_job(self, job_id: int, *, timeout: float = 120, poll: float = 0.1) -> JobEnd:
+        """Wait until the job has ended (a final state, not a requeue); its state and exit code.
+
+        Polls ``scontrol`` (``sbatch --wait`` polls only every few seconds).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            fields = self.job(job_id)
+            state = fields.get("JobState", "")
+            if state in FINAL_STATES:
+                code, _, signum = fields.get("ExitCode", "0:0").partition(":")
+                return JobEnd(job_id, state, int(code or 0), int(signum or 0), fields)
+            if time.monotonic() > deadline:
+                self.client("scancel", str(job_id))
+                raise TimeoutError(
+                    f"Slurm job {job_id} still {state or 'unknown'} after {timeout} s"
+                )
+            time.sleep(poll)
+
     def sbatch(
         self,
         script: str,
@@ -463,25 +513,45 @@ class SlurmCluster:
         env: Mapping[str, str] | None = None,
         timeout: float = 120,
     ) -> tuple[int, str, subprocess.CompletedProcess[str]]:
-        """Submit ``script`` (its text) with ``sbatch --wait ALLOC`` and wait for its end.
+        """Submit ``script`` with ``sbatch ALLOC`` and wait for its end, as ``sbatch --wait``
+        does but polled every 0.1 s (``--wait`` polls every few seconds).
 
-        Returns (job id, the job's output file's text, sbatch's own result: its exit code is
-        the job's). The script runs on the first node with this directory as its cwd.
+        Returns (job id, the job's output file's text, a result whose ``returncode`` is the
+        batch script's exit code, 128+N for signal N, and whose ``stdout`` is its final state).
         """
-        handle, path = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.dir)
-        with os.fdopen(handle, "w") as out:
-            out.write(script)
-        os.chmod(path, 0o755)
-        output = f"{path}.out"
-        done = self.run(
-            [_path("sbatch"), "--wait", "--parsable", "-o", output, *alloc, path],
-            env=env,
-            timeout=timeout,
-        )
-        first = done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
-        job = int(first.split(";")[0]) if first.split(";")[0].isdigit() else -1
-        text = Path(output).read_text(errors="replace") if os.path.exists(output) else ""
-        return job, text, done
+        job_id, output = self.submit(script, alloc, env=env)
+        end = self.wait_job(job_id, timeout=timeout)
+        text = output.read_text(errors="replace") if output.exists() else ""
+        code = 128 + end.signal if end.signal else end.exit_code
+        return job_id, text, subprocess.CompletedProcess(["sbatch", *alloc], code, end.state, None)
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a batch job ended: ``state`` (``COMPLETED``, ``FAILED``, ...), the batch script's
+    exit code (or the signal that ended it), and every ``scontrol show job`` field."""
+
+    job_id: int
+    state: str
+    exit_code: int
+    signal: int
+    fields: Mapping[str, str]
+
+
+#: Job states after which a job will not run again (a requeued job passes through others).
+FINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
 
 
 def _path(name: str) -> str:
