@@ -69,6 +69,7 @@ from popdist_torch.surface import profiling
 from popdist_torch.surface.graph_ops import register as _register_graph_ops
 from popdist_torch.surface.ops import (
     CPU,
+    Attribute,
     MultiConv,
     NameScope,
     cond,
@@ -108,6 +109,7 @@ from popdist_torch.surface.toplevel import (
 __all__ = [
     "CPU",
     "AsynchronousDataAccessor",
+    "Attribute",
     "AutoStage",
     "BeginBlock",
     "Block",

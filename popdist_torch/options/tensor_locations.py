@@ -30,7 +30,7 @@ class TensorLocationSettings(OptionGroup):
         return self
 
     def _values(self) -> dict[str, Any]:
-        return {"on_chip": self.on_chip}
+        return {"onChip": int(self.on_chip)}  # PopTorch's key and type
 
     def __repr__(self) -> str:
         return f"TensorLocationSettings(on_chip={self.on_chip})"
@@ -45,6 +45,7 @@ class TensorLocationOptions(OptionGroup):
     def __init__(self) -> None:
         super().__init__()
         self._optimizer_on_chip = True
+        self._optimizer_location: dict[str, Any] | None = None
 
     @property
     def optimizer_on_chip(self) -> bool:
@@ -60,7 +61,11 @@ class TensorLocationOptions(OptionGroup):
                 f"TensorLocationSettings, e.g. TensorLocationSettings().useOnChipStorage(False)"
             )
         self._optimizer_on_chip = location.on_chip
+        self._optimizer_location = location.toDict()
         return self
 
     def _values(self) -> dict[str, Any]:
-        return {"optimizer_on_chip": self._optimizer_on_chip}
+        values: dict[str, Any] = {"optimizer_on_chip": self._optimizer_on_chip}
+        if self._optimizer_location is not None:  # PopTorch has it once it is set
+            values["location_optimizer"] = self._optimizer_location
+        return values

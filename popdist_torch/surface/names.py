@@ -90,6 +90,7 @@ TOP_LEVEL: tuple[Row, ...] = (
     supported(P, "CPU", "calls the wrapped function: the whole model already runs on the host", OPS),
     no_op(P, "MultiConv", "PopTorch plans convolutions together; here a context whose planner setters chain and record, convolutions run one by one", section=OPS),
     no_op(P, "NameScope", "PopTorch names graph nodes with it; here a context, there are no graph name scopes", section=OPS),
+    no_op(P, "Attribute", "PopTorch attaches attributes (`__outline`...) to the graph operations inside it; there are none: a context that changes nothing", section=OPS),
     refused(P, "custom_op", "there are no Poplar codelets; write the operation in torch inside forward", section=OPS),
     refused(P, "ctc_beam_search_decoder", "decode outside the model (e.g. torchaudio.models.decoder.ctc_decoder)", section=OPS),
     refused(P, "fps", "use torch_cluster.fps (PopTorch Geometric op)", section=OPS),
@@ -189,10 +190,10 @@ GROUPS: tuple[Row, ...] = (
     supported(D, "numProcesses", "property"),
     supported(D, "num_distributed_processes", "read: the number of processes (PopTorch's value name; under poprun the instance count)"),
     supported(D, "distributed_process_id", "read: this process's index (under poprun the instance index)"),
-    supported(L, "setOptimizerLocation", "`useOnChipStorage(False)` keeps optimizer state in host memory between updates"),
-    no_op(L, "setActivationLocation", "PopTorch keeps activations on or off chip; they stay where torch computes them", lambda location: repr(location)),
-    no_op(L, "setWeightLocation", "PopTorch keeps weights on or off chip; they stay in the user's module", lambda location: repr(location)),
-    no_op(L, "setAccumulatorLocation", "PopTorch keeps accumulators on or off chip; accumulated gradients are the parameters' `.grad`", lambda location: repr(location)),
+    supported(L, "setOptimizerLocation", "`useOnChipStorage(False)` keeps optimizer state in host memory between updates; reads back as `location_optimizer`"),
+    no_op(L, "setActivationLocation", "PopTorch keeps activations on or off chip; they stay where torch computes them (kept as `location_activation`)", lambda location: location.toDict(), key="location_activation"),
+    no_op(L, "setWeightLocation", "PopTorch keeps weights on or off chip; they stay in the user's module (kept as `location_weight`)", lambda location: location.toDict(), key="location_weight"),
+    no_op(L, "setAccumulatorLocation", "PopTorch keeps accumulators on or off chip; accumulated gradients are the parameters' `.grad` (kept as `location_accumulator`)", lambda location: location.toDict(), key="location_accumulator"),
     no_op(L, "numIOTiles", "PopTorch reserves tiles for I/O; there are no IO tiles", lambda num_tiles: whole_number("TensorLocations.numIOTiles", num_tiles, minimum=0)),
     no_op("Options.Jit", "traceModel", "PopTorch traces the model with torch.jit; it always runs eagerly", lambda trace_model: bool(trace_model)),
     no_op(PR, "setPartialsType", "PopTorch's type of matmul and convolution partials; torch computes them in the model's dtype", lambda dtype: str(dtype)),
@@ -209,7 +210,7 @@ GROUPS: tuple[Row, ...] = (
 
 S = "TensorLocationSettings"
 LOCATION_SETTINGS: tuple[Row, ...] = (
-    supported(S, "useOnChipStorage", "for `setOptimizerLocation`"),
+    supported(S, "useOnChipStorage", "for `setOptimizerLocation`; `toDict()` has PopTorch's keys (`onChip`...)"),
     refused(S, "useReplicatedTensorSharding", "every replica keeps the whole optimizer state; leave it off", when=lambda use=True: bool(use), when_text="for `True`"),
     no_op(S, "minElementsForOffChip", "PopTorch's on-chip size threshold; there is no on-chip memory", lambda min_elements: min_elements),
     no_op(S, "minElementsForReplicatedTensorSharding", "there is no replicated tensor sharding", lambda min_elements: min_elements),

@@ -23,6 +23,7 @@ from popdist_torch.enums import MatMulSerializationMode, MultiConvPlanType, Over
 
 __all__ = [
     "CPU",
+    "Attribute",
     "MultiConv",
     "NameScope",
     "cond",
@@ -189,6 +190,16 @@ class _NoEffectContext:
         tb: TracebackType | None,
     ) -> None:
         return None
+
+
+class Attribute(_NoEffectContext):
+    """Context attaching attributes (``__outline={"layer": "embedding"}``) to the IPU
+    operations inside it, for PopART's outlining; there are no graph operations here, so it
+    keeps them and changes nothing.
+    """
+
+    def __init__(self, **attributes: Any) -> None:
+        self.attributes = attributes
 
 
 class NameScope(_NoEffectContext):

@@ -37,7 +37,7 @@ POPTORCH_3: dict[str, str] = {
         ShardedExecution SerialPhasedExecution ParallelPhasedExecution PhasedExecution
         ctc_beam_search_decoder ipu_print_tensor for_loop cond nop dynamic_slice dynamic_update
         recomputationCheckpoint serializedMatMul set_available_memory set_overlap_for_input
-        set_overlap_for_output custom_op CPU MultiConv NameScope fps nearest
+        set_overlap_for_output custom_op CPU MultiConv NameScope Attribute fps nearest
         AnchorMode OutputMode ReductionType MeanReductionStrategy DataLoaderMode SharingStrategy
         ConnectionType SyncPattern HalfFloatCastingBehavior MatMulSerializationMode Liveness
         OverlapMode MultiConvPlanType CommGroupType VariableRetrievalMode""",

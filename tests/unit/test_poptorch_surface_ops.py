@@ -180,6 +180,7 @@ def test_context_helpers_trace() -> None:
     class Scoped(PlainNet):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             with (
+                poptorch.Attribute(__outline={"layer": "features"}),
                 poptorch.NameScope("features"),
                 poptorch.MultiConv().availableMemoryProportions(0.2).partialsTypes(torch.float16),
             ):

@@ -141,6 +141,16 @@ def test_values_read_back_as_poptorch_names_them() -> None:
         _ = opts.devce_iterations
 
 
+def test_tensor_locations_read_back_with_poptorch_keys() -> None:
+    opts = poptorch.Options()
+    offchip = poptorch.TensorLocationSettings().useOnChipStorage(False).minElementsForOffChip(4)
+    opts.TensorLocations.setWeightLocation(offchip).setOptimizerLocation(offchip)
+    assert opts.TensorLocations.location_weight == {"onChip": 0, "minElementsForOffChip": 4}
+    assert opts.TensorLocations.location_optimizer["onChip"] == 0
+    assert opts.TensorLocations.optimizer_on_chip is False
+    assert not hasattr(opts.TensorLocations, "location_activation")  # until it is set
+
+
 def test_assignment_is_the_setter() -> None:
     opts = poptorch.Options()
     opts.replication_factor = 4
