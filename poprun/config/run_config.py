@@ -28,6 +28,7 @@ from poprun.config.options import (
 from poprun.config.paths import check_output_dir
 from poprun.errors import PoprunError
 from poprun.plan.hosts import host_source, is_local
+from poprun.plan.slurm import SlurmAllocation, SlurmHosts, default_instances, read_allocation
 
 __all__ = ["RunConfig", "build", "parse_bool"]
 
@@ -44,6 +45,12 @@ class RunConfig:
     num_replicas: int = 1
     ipus_per_replica: int = 1
     hosts: tuple[str, ...] = ()
+    #: Instances on each of ``hosts`` (empty: no hosts given, all on this one).
+    host_counts: tuple[int, ...] = ()
+    #: The Slurm job poprun runs in (None outside one), and whether ``hosts`` are its nodes
+    #: because no -H/--host-file was given (:mod:`poprun.plan.slurm`).
+    allocation: SlurmAllocation | None = None
+    hosts_from_allocation: bool = False
     mpi_global_args: tuple[str, ...] = ()
     mpi_local_args: tuple[str, ...] = ()
     instance_mpi_local_args: tuple[tuple[int, tuple[str, ...]], ...] = ()
@@ -102,6 +109,8 @@ class RunConfig:
         for option in OPTIONS:
             if not option.attribute:
                 continue
+            if option.attribute == "hosts" and self.hosts_from_allocation:
+                continue  # the job's nodes: another job gets others
             value = getattr(self, option.attribute)
             if option.always or not (value is None or value is False or value == ()):
                 out[option.key.replace("_", "-")] = option.dump(value) if option.dump else value
@@ -138,19 +147,16 @@ def _counts(values: Mapping[str, Any]) -> tuple[int, int]:
     return instances, replicas
 
 
-def _hosts(values: Mapping[str, Any], num_instances: int) -> tuple[str, ...]:
-    """The hosts of the run's host source (``-H`` or ``--host-file``); they must divide the
-    instances."""
-    source = host_source(values)
-    hosts = source.hosts() if source is not None else ()
-    if hosts and num_instances % len(hosts):
-        raise PoprunError(
-            "--num-instances",
-            num_instances,
-            f"cannot be divided evenly over {len(hosts)} hosts ({', '.join(hosts)})",
-            f"use a multiple of {len(hosts)} instances, or list fewer hosts",
-        )
-    return hosts
+def _hosts(
+    values: Mapping[str, Any], num_instances: int, allocation: SlurmAllocation | None
+) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
+    """(hosts, instances on each, whether they are the Slurm job's nodes): the run's host
+    source (``-H``, ``--host-file``, else the allocation) places the instances."""
+    source = host_source(values, allocation)
+    if source is None:
+        return (), (), False
+    hosts, counts = source.place(num_instances)
+    return hosts, counts, isinstance(source, SlurmHosts)
 
 
 def _instance_args(text: str, num_instances: int) -> tuple[int, tuple[str, ...]]:
@@ -296,8 +302,11 @@ def build(
     """
     merged = _merge(cli, file_values)
     values = {key: BY_KEY[key].read(value) for key, value in merged.items() if key in BY_KEY}
+    allocation = read_allocation(environ)
+    if allocation is not None and not {"num_instances", "host", "host_file"} & set(values):
+        values["num_instances"] = default_instances(allocation, values.get("num_replicas"))
     num_instances, num_replicas = _counts(values)
-    hosts = _hosts(values, num_instances)
+    hosts, host_counts, from_allocation = _hosts(values, num_instances, allocation)
     instance_args = tuple(
         _instance_args(text, num_instances) for text in values.get("instance_mpi_local_args", ())
     )
@@ -325,6 +334,9 @@ def build(
         "num_instances": num_instances,
         "num_replicas": num_replicas,
         "hosts": hosts,
+        "host_counts": host_counts,
+        "allocation": allocation,
+        "hosts_from_allocation": from_allocation,
         "instance_mpi_local_args": instance_args,
         "only_output_from_instance": only,
         "process_placement": _placement(values),

@@ -17,8 +17,11 @@ from poprun.plan.topology import InstancePlan
 
 #: Never forwarded: shell functions, the shell's bookkeeping, the launcher's own variables
 #: (mpirun sets OMPI_*/PMIX_*; poprun sets POPDIST_* and each instance's slice of
-#: CUDA_VISIBLE_DEVICES per instance, see :mod:`poprun.plan.devices`).
-DENY_PREFIXES: tuple[str, ...] = ("BASH_FUNC_", "OMPI_", "PMIX_", "POPDIST_")
+#: CUDA_VISIBLE_DEVICES per instance, see :mod:`poprun.plan.devices`), and Slurm's: in a
+#: Slurm job each node's instances get them from the ``srun`` step that started Open MPI's
+#: daemon there (``SLURMD_NODENAME``, ``SLURM_NODEID``, ... are per node: the launch node's
+#: values would be wrong on the others); instances on poprun's own host inherit them.
+DENY_PREFIXES: tuple[str, ...] = ("BASH_FUNC_", "OMPI_", "PMIX_", "POPDIST_", "SLURM_", "SLURMD_")
 DENY_NAMES = frozenset({"OLDPWD", "_", "PWD", "SHLVL", VISIBLE_DEVICES})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -1,10 +1,13 @@
 """Where a run's hosts come from, and which of them is this machine.
 
 A :class:`HostSource` gives the run its host names: :class:`HostList` (``-H a,b``, ranges
-``node[0-2,4]``) and :class:`HostFile` (``--host-file``, one host or range a line, ``#``
-comments) today; a scheduler's allocation (a Slurm job's node list, say) is one more
-implementation, chosen in :func:`host_source`. A source's errors are usage errors
-(:class:`~poprun.errors.PoprunError`): the configuration reads it before anything launches.
+``node[0-2,4]``), :class:`HostFile` (``--host-file``, one host or range a line, ``#``
+comments) and a scheduler's allocation (:class:`poprun.plan.slurm.SlurmHosts`, a Slurm
+job's nodes), chosen in :func:`host_source`: the options first, then the allocation. A source
+also places the instances (:meth:`HostSource.place`): listed hosts share them evenly, an
+allocation fills its nodes up to their tasks. The next scheduler (PBS, LSF, Kubernetes) is
+one more source. A source's errors are usage errors (:class:`~poprun.errors.PoprunError`):
+the configuration reads it before anything launches.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Protocol
 
 from poprun.config.user_files import read_user_file
 from poprun.errors import PoprunError
+from poprun.plan.slurm import SlurmAllocation, SlurmHosts, check_hosts
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -154,6 +158,24 @@ class HostSource(Protocol):
         """The host names, expanded and checked (no duplicates)."""
         ...
 
+    def place(self, num_instances: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(hosts, instances on each): where ``num_instances`` instances run."""
+        ...
+
+
+def share_evenly(
+    hosts: tuple[str, ...], num_instances: int
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Listed hosts get the same number of instances each: it must divide evenly."""
+    if num_instances % len(hosts):
+        raise PoprunError(
+            "--num-instances",
+            num_instances,
+            f"cannot be divided evenly over {len(hosts)} hosts ({', '.join(hosts)})",
+            f"use a multiple of {len(hosts)} instances, or list fewer hosts",
+        )
+    return hosts, (num_instances // len(hosts),) * len(hosts)
+
 
 @dataclass(frozen=True)
 class HostList:
@@ -164,6 +186,9 @@ class HostList:
 
     def hosts(self) -> tuple[str, ...]:
         return parse_host_list(self.values, self.option)
+
+    def place(self, num_instances: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        return share_evenly(self.hosts(), num_instances)
 
 
 @dataclass(frozen=True)
@@ -176,9 +201,39 @@ class HostFile:
     def hosts(self) -> tuple[str, ...]:
         return parse_host_file(self.path)
 
+    def place(self, num_instances: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        return share_evenly(self.hosts(), num_instances)
 
-def host_source(values: Mapping[str, Any]) -> HostSource | None:
-    """The source the options name (``-H`` or ``--host-file``, not both); None: this host."""
+
+@dataclass(frozen=True)
+class WithinAllocation:
+    """Hosts named by the options inside a scheduler's job: they must be the job's nodes,
+    with room for their share of the instances."""
+
+    named: HostList | HostFile
+    allocation: SlurmAllocation
+
+    @property
+    def option(self) -> str:
+        return self.named.option
+
+    def hosts(self) -> tuple[str, ...]:
+        return self.named.hosts()
+
+    def place(self, num_instances: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        placed = self.named.place(num_instances)
+        check_hosts(self.allocation, placed[0], self.option, num_instances)
+        return placed
+
+
+def host_source(
+    values: Mapping[str, Any], allocation: SlurmAllocation | None = None
+) -> HostSource | None:
+    """The source the options name (``-H`` or ``--host-file``, not both), else the
+    scheduler's ``allocation`` (:func:`poprun.plan.slurm.read_allocation`); None: this host.
+
+    Hosts named inside an allocation are checked against it (:class:`WithinAllocation`).
+    """
     if "host" in values and "host_file" in values:
         raise PoprunError(
             "--host-file",
@@ -186,10 +241,15 @@ def host_source(values: Mapping[str, Any]) -> HostSource | None:
             "conflicts with -H/--host",
             "give the hosts one way only",
         )
+    named: HostList | HostFile | None = None
     if "host" in values:
-        return HostList(tuple(values["host"]))
-    if "host_file" in values:
-        return HostFile(values["host_file"])
+        named = HostList(tuple(values["host"]))
+    elif "host_file" in values:
+        named = HostFile(values["host_file"])
+    if named is not None:
+        return named if allocation is None else WithinAllocation(named, allocation)
+    if allocation is not None:
+        return SlurmHosts(allocation)
     return None
 
 

@@ -10,6 +10,16 @@ Shape::
                  -x POPDIST_...=v ... <local args> WRAPPER [numactl ...] program args
            : -np 1 ...                                   (one context per instance)
 
+Inside a Slurm job (``topology.allocation``), the contexts name the job's nodes (``-H n1:2``)
+and Open MPI starts its daemons on them with ``srun`` (its ``plm_slurm``), not ssh; poprun
+adds ``--oversubscribe`` there, having checked the plan against the job's tasks itself:
+Open MPI counts a node's slots as its CPUs divided by the CPUs per task, which is fewer
+than its tasks when the job overcommits (``sbatch -O``), and refuses with a bare "All nodes
+which are allocated for this job are already filled". When poprun itself runs in an
+``srun`` step, that step holds the CPUs of its node, and the ``srun`` that starts Open MPI's
+daemons would wait for them for ever: ``--mca plm_slurm_args --overlap`` lets it share them
+(unless the user set ``plm_slurm_args``).
+
 ``WRAPPER`` is ``/bin/sh -c '<FIFOs>; printf ... >&2; exec "$@"' poprun-instance``: on
 poprun's own host it points the instance's stdout and stderr at poprun's FIFOs
 (:mod:`poprun.run.output.fifos`), it reports the instance's pid as the first line of its stderr
@@ -97,6 +107,8 @@ SINGLE_HOST_MCA: tuple[tuple[str, str], ...] = (("pml", "ob1"), ("btl", "self,va
 #: ... and when the instances' threads (compute + Horovod's) outnumber the cores.
 YIELD_MCA: tuple[str, str] = ("mpi_yield_when_idle", "1")
 _MCA_FLAGS = frozenset({"--mca", "-mca", "--gmca", "-gmca"})
+#: Inside an ``srun`` step: the ``srun`` that starts Open MPI's daemons shares its CPUs.
+STEP_MCA: tuple[str, str] = ("plm_slurm_args", "--overlap")
 
 
 def find_mpirun(environ: Mapping[str, str]) -> str:
@@ -123,6 +135,8 @@ def _poprun_mca(
     per_host = max(plan.num_local_instances for plan in topology.instances)
     if 2 * per_host > local_cpus:
         wanted.append(YIELD_MCA)
+    if topology.allocation is not None and topology.allocation.in_step:
+        wanted.append(STEP_MCA)
     out = []
     for name, value in wanted:
         if name not in chosen:
@@ -157,8 +171,11 @@ def build_argv(
         argv += ["--bind-to", "none"]
     if is_root or config.allow_run_as_root:
         argv.append("--allow-run-as-root")
-    if not topology.explicit_hosts and config.num_instances > local_cpus:
-        argv.append("--oversubscribe")  # -H host:k contexts carry their own slot counts
+    if topology.allocation is not None or (
+        not topology.explicit_hosts and config.num_instances > local_cpus
+    ):
+        # -H host:k contexts carry their own slot counts, except in a Slurm job (above)
+        argv.append("--oversubscribe")
     argv += _poprun_mca(config, topology, user_mca | _mca_names(user_global), local_cpus)
     argv += user_global
     # Open MPI 4.1 applies a -x placed before the first app context to that context only:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from poprun.config.run_config import RunConfig
+from poprun.plan.slurm import SlurmAllocation
 
 LOCALHOST = "localhost"
 
@@ -43,6 +44,8 @@ class Topology:
     hosts: tuple[str, ...]
     instances: tuple[InstancePlan, ...]
     explicit_hosts: bool
+    #: The Slurm job the run is in (None outside one): mpirun launches through ``srun``.
+    allocation: SlurmAllocation | None = None
 
 
 def spread_numa(local_index: int, num_local: int, num_nodes: int) -> tuple[int, ...]:
@@ -57,17 +60,22 @@ def spread_numa(local_index: int, num_local: int, num_nodes: int) -> tuple[int, 
 
 
 def plan(config: RunConfig, numa_nodes: Mapping[str, int] | None = None) -> Topology:
-    """Divide instances evenly over hosts, filling host by host; replicas contiguously.
+    """Place instances host by host, as many on each as the host source decided
+    (``config.host_counts``: even for listed hosts, a Slurm job's tasks per node); replicas
+    contiguously.
 
     ``numa_nodes`` gives each host's NUMA node count (missing: one node, nothing to bind).
     """
     hosts = config.hosts or (LOCALHOST,)
-    per_host = config.num_instances // len(hosts)
+    counts = config.host_counts or (config.num_instances // len(hosts),) * len(hosts)
+    placed = [
+        (host, count, local)
+        for host, count in zip(hosts, counts, strict=True)
+        for local in range(count)
+    ]
     local_replicas = config.num_local_replicas
     instances = []
-    for index in range(config.num_instances):
-        host = hosts[index // per_host]
-        local_index = index % per_host
+    for index, (host, per_host, local_index) in enumerate(placed):
         nodes = (numa_nodes or {}).get(host, 1)
         numa = (
             spread_numa(local_index, per_host, nodes)
@@ -86,7 +94,12 @@ def plan(config: RunConfig, numa_nodes: Mapping[str, int] | None = None) -> Topo
                 numa_nodes=numa,
             )
         )
-    return Topology(hosts=hosts, instances=tuple(instances), explicit_hosts=bool(config.hosts))
+    return Topology(
+        hosts=hosts,
+        instances=tuple(instances),
+        explicit_hosts=bool(config.hosts),
+        allocation=config.allocation,
+    )
 
 
 def local_numa_node_count() -> int:
@@ -142,4 +155,7 @@ def render(topology: Topology) -> str:
         f"poprun topology: {len(topology.hosts)} host(s), {len(topology.instances)} instance(s), "
         f"{total} replica(s), {first.ipus_per_replica} device(s) per replica"
     )
-    return "\n".join([title, line, fmt(header), line, *map(fmt, rows), line])
+    lines = [title, line, fmt(header), line, *map(fmt, rows), line]
+    if topology.allocation is not None:
+        lines.insert(1, topology.allocation.render())
+    return "\n".join(lines)

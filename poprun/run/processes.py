@@ -25,6 +25,11 @@ from poprun.run import leftovers
 #: poprun kills what the instances left behind (a child holding their output open keeps
 #: mpirun waiting for ever).
 ORPHAN_GRACE_S = 2.0
+#: In a Slurm job, the ``srun`` processes mpirun started its daemons with end by themselves a
+#: moment after it (about 50 ms: their step ends with the daemons); until then they are
+#: mpirun's launchers, not something the job left behind, and killing them would leave their
+#: step to Slurm's own clean-up. They get this long once mpirun has gone.
+SCHEDULER_GRACE_S = 3.0
 
 
 class JobProcesses:
@@ -107,6 +112,8 @@ class JobProcesses:
     def kill_left_behind(self, keep: set[int]) -> None:
         """SIGKILL and reap, by pid, every process the job left under poprun; remember them."""
         keep = keep | self._not_ours
+        if self.topology.allocation is not None and self.mpirun_pid not in keep:
+            self._let_launchers_end(keep)
         found = leftovers.left_behind(keep)
         if not found:
             return
@@ -115,6 +122,16 @@ class JobProcesses:
         log.info(f"killed what the job left behind: {described}")
         if killed:
             self.left_behind.append(described)
+
+    def _let_launchers_end(self, keep: set[int]) -> None:
+        """Wait (at most :data:`SCHEDULER_GRACE_S`) for what mpirun left to end by itself."""
+        deadline = time.monotonic() + SCHEDULER_GRACE_S
+        while leftovers.left_behind(keep) and time.monotonic() < deadline:
+            for pid in leftovers.children(os.getpid()):
+                if pid not in keep:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.01)
 
     def watch_for_orphans(self) -> None:
         """All instances (all local) exited but mpirun runs on: a child holds their output."""
