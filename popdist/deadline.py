@@ -25,11 +25,14 @@ instance gets the same answer at the same step. :func:`notice_received` is this 
 flag alone, with no communication.
 
 The instance wrappers start the program with SIGUSR1 ignored, so a program that never
-imports popdist, or one still starting, is not killed by the notice (it gets the next one).
+imports popdist, or one still starting, is not killed by the notice (it gets the next one);
+at exit popdist ignores it again, so one that comes while the instance ends cannot kill it
+either.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
@@ -73,7 +76,17 @@ def install() -> bool:
     signal.siginterrupt(NOTICE_SIGNAL, False)  # other threads' system calls restart
     _Notice.previous = previous
     _Notice.installed = True
+    atexit.register(_ignore_from_now_on)
     return True
+
+
+def _ignore_from_now_on() -> None:
+    """At exit, ignore the notice again: Python's finalisation resets a signal that has a
+    Python handler to its default (for SIGUSR1: end the process), and the notice is sent
+    again until the job ends, so a late one would kill an instance that saved and is
+    leaving. The handler it replaced is also let go: the program is ending."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(NOTICE_SIGNAL, signal.SIG_IGN)
 
 
 def install_if_asked(environ: Mapping[str, str] | None = None) -> bool:
