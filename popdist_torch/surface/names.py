@@ -241,7 +241,7 @@ EXECUTOR: tuple[Row, ...] = (
     supported(E, "getTensorNames", "the names `anchorTensor` takes: parameters, `Gradient___`/`UpdatedVar___` + parameter, buffers, `Output___` + submodule"),
     supported(E, "getAnchoredTensor", "the anchored tensor after the last call; a gradient is the reduced, unscaled one the optimizer applied ([executor.md](executor.md))"),
     refused(E, "cycleCount", "there are no IPU cycles; time calls with time.perf_counter()"),
-    refused(E, "compilationTime", "there is no compilation (isCompiled() is True)"),
+    refused(E, "compilationTime", "there is no compilation (isCompiled() says whether the model ran or compile() checked a batch)"),
     refused(E, "getPerfCounters", _NO_IPU),
     refused(E, "getLatency", _NO_IPU),
     refused(E, "getHostIpuLatency", _NO_IPU),
