@@ -340,10 +340,20 @@ class Reporter:
         self.reported_blocked: Call | None = None
         self.moved_at = time.monotonic()
         self.seen: tuple[int, int, int] = (-1, -1, -1)
+        self.exiting = False
         self.thread = threading.Thread(target=self._run, name="popdist-progress", daemon=True)
 
     def start(self) -> None:
+        import atexit
+
         self.thread.start()
+        atexit.register(self.finish)  # registered first: runs after the program's own
+
+    def finish(self) -> None:
+        """The program has ended: one last record says so (poprun's hang clock then knows an
+        instance that is slow to exit from one that is stuck), and no more."""
+        self.exiting = True
+        self.emit()
 
     def record(self, now: float) -> dict[str, Any]:
         """This instance's figures now (what one line carries)."""
@@ -372,6 +382,7 @@ class Reporter:
             "recent": [_call_fields(c, now) for c in list(t.recent)],
             "failed": _call_fields(t.failed, now),
             "failure": t.failure,
+            "exiting": self.exiting,
         }
         if self.stacks_after > 0 and now - self.moved_at >= self.stacks_after:
             fields["stacks"] = _stacks(threading.get_ident())
@@ -406,6 +417,8 @@ class Reporter:
                 and blocked is not self.reported_blocked
                 and now - t.blocked_since >= PENDING_S
             )
+            if self.exiting:
+                return
             if late or now - self.last_emit >= INTERVAL_S:
                 self.emit()
 

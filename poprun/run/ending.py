@@ -206,9 +206,10 @@ class EndingPolicy:
             self.now.deadline += seconds
         self.hang.stopped_for(seconds)  # a stopped job is not hung either
 
-    def progressed(self, moved: bool) -> None:
-        """A progress record arrived; ``moved``: it showed progress (the hang clock restarts)."""
-        self.hang.progressed(moved, self.clock())
+    def progressed(self, moved: bool, *, finishing: bool = False) -> None:
+        """A progress record arrived; ``moved``: it showed progress (the hang clock restarts);
+        ``finishing``: every instance has ended its program."""
+        self.hang.progressed(moved, self.clock(), finishing=finishing)
 
     def desynced(self) -> list[Action]:
         """Two instances issued different collectives at one sequence number: end the job."""

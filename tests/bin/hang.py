@@ -64,8 +64,9 @@ def train(width: int, steps: int, lock: bool = False, pause: float = 0.0) -> Non
         model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)
     )
     x, y = torch.ones(4, 4), torch.zeros(4, 1)
-    for _ in range(steps):
+    for step in range(steps):
         trainer(x, y)
+        print(f"instance {popdist.getInstanceIndex()} step {step}", flush=True)
         time.sleep(pause)
 
 
@@ -92,7 +93,7 @@ def main() -> None:
         collectives.barrier()
         train(8, 2)
     elif mode == "train":
-        train(8, 5, pause=seconds if len(sys.argv) > 2 else 0.0)
+        train(8, 12, pause=seconds if len(sys.argv) > 2 else 0.0)
     print(f"instance {me} done", flush=True)
 
 

@@ -189,7 +189,8 @@ class InstanceStream:
         ``raw``: what the file gets instead of ``text`` (the last line, without the newline
         added for the console).
         """
-        if (self.on_record is not None or self.on_exit is not None) and DATA_MARKER in text:
+        takes = self.on_record or self.on_exit or self.on_progress
+        if takes is not None and DATA_MARKER in text:
             text = self._take_data(text)
             if not text:
                 return

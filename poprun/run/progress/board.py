@@ -107,6 +107,8 @@ class InstanceFigures:
     #: The collective that raised in it, and the error.
     failed: CollectiveCall | None = None
     failure: str = ""
+    #: Its program has ended: it is exiting (its last record).
+    exiting: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,17 +189,19 @@ class ProgressBoard:
         self._desync: Desync | None = None
 
     def update(self, fields: dict[str, Any]) -> bool:
-        """Take one instance's record; whether it shows progress since its last one."""
+        """Take one instance's record; whether it shows progress since its last one (its
+        first record shows progress when it issued a collective or ran a step)."""
         now = self.clock()
         index = int(fields["instance"])
         num = _numbers(fields)
-        counters = (num["seq"], num["done"], num["steps"])
+        exiting = bool(fields.get("exiting"))
+        counters = (num["seq"], num["done"], num["steps"] + exiting)  # ending: progress too
         calls = [_call(c, now) for c in fields.get("recent") or ()]
         pending = _call(fields.get("pending"), now)
         failed = _call(fields.get("failed"), now)
         with self._lock:
             known = self._instances.get(index)
-            moved = known is None or counters != known.counters
+            moved = counters != (known.counters if known is not None else (0, 0, 0))
             last = now if moved or known is None else known.figures.last_progress
             steps = num["steps"]
             figures = InstanceFigures(
@@ -219,6 +223,7 @@ class ProgressBoard:
                 stacks=_stacks(fields.get("stacks")),
                 failed=failed,
                 failure=str(fields.get("failure") or ""),
+                exiting=exiting,
             )
             entry = self._instances.get(index)
             if entry is None:
@@ -248,6 +253,13 @@ class ProgressBoard:
         """Every instance that reported, by index."""
         with self._lock:
             return [self._instances[i].figures for i in sorted(self._instances)]
+
+    def finishing(self) -> bool:
+        """Whether every instance that reported has ended its program (the job is ending)."""
+        with self._lock:
+            return bool(self._instances) and all(
+                e.figures.exiting for e in self._instances.values()
+            )
 
     def desync(self) -> Desync | None:
         """The first two calls found to differ at one sequence number, if any."""

@@ -90,6 +90,12 @@ def hang_report(
             "not finish (the network, or the backend)"
         )
     for f in missing:
+        if f.exiting:
+            lines.append(
+                f"poprun: instance {f.instance} ({_where(f)}) has ended its program (it issued "
+                f"{f.issued} collectives) while others wait: it left the job early"
+            )
+            continue
         what = (
             f"is missing: it is in no collective (it issued {f.issued}; instance "
             f"{waiting[0].instance} waits in #{waiting[0].pending.seq})"

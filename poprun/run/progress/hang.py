@@ -2,9 +2,9 @@
 
 :class:`HangWatch` is the part of the ending policy (:mod:`poprun.run.ending`) that keeps the
 hang clock: it restarts whenever a progress record shows an instance moved (a collective
-issued or finished, a step), it starts at the first record (a program that never imports
-popdist reports nothing and is never called hung), and it does not run while poprun is
-stopped (Ctrl-Z). Part of the way (:data:`NOTE_FRACTION`) it asks for the note on a long
+issued or finished, a step). It starts at the first progress of any instance, so start-up
+(imports, a slow rendezvous) is never called a hang, nor a program that never imports popdist
+(it reports nothing); and it does not run while poprun is stopped (Ctrl-Z). Part of the way (:data:`NOTE_FRACTION`) it asks for the note on a long
 wait; at the time-out for the verdict (once per quiet spell with ``--on-hang=report``).
 It reads time only from the times it is given.
 """
@@ -41,13 +41,15 @@ class HangWatch:
         self.hung = False
         self.reported = False
         self.noted = False
+        self.finishing = False
 
-    def progressed(self, moved: bool, t: float) -> None:
-        """A progress record arrived at ``t``; ``moved``: it showed progress."""
-        if moved or self.last_progress is None:
-            self.last_progress = t
+    def progressed(self, moved: bool, t: float, *, finishing: bool = False) -> None:
+        """A progress record arrived at ``t``; ``moved``: it showed progress (the clock starts
+        at the first that does)."""
         if moved:
+            self.last_progress = t
             self.reported = self.noted = False
+        self.finishing = finishing  # every instance has ended its program: no hang now
 
     def stopped_for(self, seconds: float) -> None:
         """poprun (and its instances) were stopped this long: a stopped job is not hung."""
@@ -57,6 +59,8 @@ class HangWatch:
     def next_check(self) -> float | None:
         """When the clock next matters (None: it does not)."""
         if self.timeout is None or self.last_progress is None or self.hung or self.reported:
+            return None
+        if self.finishing:
             return None
         fraction = 1.0 if self.noted else NOTE_FRACTION
         return self.last_progress + self.timeout * fraction

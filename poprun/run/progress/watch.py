@@ -52,7 +52,7 @@ class ProgressWatch:
 
     def progressed(self, moved: bool) -> None:
         """A record reached the board (``moved``: it showed progress)."""
-        self.policy.progressed(moved)
+        self.policy.progressed(moved, finishing=self.board.finishing())
         if self.board.desync() is not None:
             self._found += self.policy.desynced()
 
