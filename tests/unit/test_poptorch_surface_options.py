@@ -239,3 +239,76 @@ def test_precision_and_loss_scaling_options_leave_training_unchanged() -> None:
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
     assert not torch.equal(got[0], start)  # it learned
+
+
+# -- a PopTorch program as people write them, only the imports changed ----------------------
+
+
+class _Classifier(nn.Module):
+    """A classifier marked up as PopTorch applications do, computing its own loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(4, 16)
+        self.head = nn.Linear(16, 2)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with poptorch.NameScope("encoder"):
+            h = poptorch.set_available_memory(torch.relu(self.hidden(x)), 0.4)
+        h = poptorch.recomputationCheckpoint(h)
+        torch.ops.poptorch.push_name_scope("head")
+        out = self.head(h)
+        torch.ops.poptorch.pop_name_scope()
+        return out, self.loss(out, y)
+
+
+def test_a_poptorch_program_with_popart_options_learns() -> None:
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 4, generator=gen)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    dataset = torch.utils.data.TensorDataset(x, y)
+
+    opts = poptorch.Options()
+    opts.deviceIterations(2)
+    opts.replicationFactor(2)
+    opts.Training.gradientAccumulation(2)
+    opts.randomSeed(0)
+    opts.setAvailableMemoryProportion({"IPU0": 0.3})
+    opts.Precision.setPartialsType(torch.float16)
+    opts.Precision.enableStochasticRounding(True)
+    opts.Training.setAutomaticLossScaling(True)
+    opts.TensorLocations.setOptimizerLocation(
+        poptorch.TensorLocationSettings().useOnChipStorage(False)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every key below is a PopART session option
+        opts._Popart.set("disableGradAccumulationTensorStreams", True)
+        opts._Popart.set("subgraphCopyingStrategy", int(popart.SubgraphCopyingStrategy.JustInTime))
+        opts._Popart.set(
+            "accumulateOuterFragmentSettings.schedule",
+            int(popart.AccumulateOuterFragmentSchedule.OverlapMemoryOptimized),
+        )
+        opts._Popart.set("autoRecomputation", int(popart.RecomputationType.Pipeline))
+    micro_batch = 4
+    global_batch = (
+        micro_batch
+        * opts.device_iterations
+        * opts.replication_factor
+        * opts.Training.gradient_accumulation
+        * opts.Distributed.num_distributed_processes
+    )
+    assert global_batch == 32
+    loader = poptorch.DataLoader(opts, dataset, batch_size=micro_batch, shuffle=True)
+    model = _Classifier()
+    training = poptorch.trainingModel(
+        model, opts, optimizer=poptorch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    for _ in range(6):
+        for xs, ys in loader:
+            assert xs.shape[0] == global_batch
+            training(xs, ys)
+    with torch.no_grad():
+        accuracy = (model(x, y)[0].argmax(1) == y).float().mean().item()
+    assert accuracy > 0.9
