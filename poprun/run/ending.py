@@ -207,8 +207,7 @@ class EndingPolicy:
         self.hang.stopped_for(seconds)  # a stopped job is not hung either
 
     def progressed(self, moved: bool, *, finishing: bool = False) -> None:
-        """A progress record arrived; ``moved``: it showed progress (the hang clock restarts);
-        ``finishing``: every instance has ended its program."""
+        """A progress record arrived: ``moved`` (progress), ``finishing`` (all programs ended)."""
         self.hang.progressed(moved, self.clock(), finishing=finishing)
 
     def desynced(self) -> list[Action]:
