@@ -10,6 +10,9 @@ PopTorch names the tensors of its graph; here the names are those of the module:
   ``Mean`` or ``Sum`` the options ask for), so every instance reads the same tensor, unscaled
   when the optimizer has a ``loss_scaling`` and, for a half-precision parameter, rounded to
   its type. It is the parameter's ``.grad`` after the call's last update;
+- a name that matches no parameter, buffer or submodule exactly names the one whose
+  dotted name ends with it, or that it ends with (``Gradient___fc2.bias`` for
+  ``model.fc2.bias`` when the module is wrapped in another, as Lightning wraps it);
 - ``"<buffer>"``: a buffer's value after the iteration (BatchNorm statistics);
 - ``"Output___<module>"`` (``"Output___net.0"``): a submodule's output in every micro-batch
   of every local replica, laid out as the model's own outputs (``docs/executor.md``). Its
@@ -97,15 +100,17 @@ class Anchors:
                 )
             anchor = _Anchor(request.short_name, mode, period, None)
             name = request.long_name
-            stem = name.partition("___")[2] if "___" in name else ""
-            if training and name.startswith(GRADIENT) and stem in params:
-                anchor.read = _gradient(params[stem])
-            elif (training and name.startswith(UPDATED) and stem in params) or name in params:
-                anchor.read = _value(params[stem or name])
-            elif name in buffers:
-                anchor.read = _value(buffers[name])
-            elif name.startswith(OUTPUT) and stem in modules:
-                self._hooks.append(modules[stem].register_forward_hook(self._recorder(anchor)))
+            head, sep, tail = name.partition("___")
+            prefix, stem = (head + sep, tail) if sep else ("", name)
+            param, buffer, module = _find(stem, params), _find(stem, buffers), _find(stem, modules)
+            if training and prefix == GRADIENT and param is not None:
+                anchor.read = _gradient(param)
+            elif ((training and prefix == UPDATED) or not prefix) and param is not None:
+                anchor.read = _value(param)
+            elif not prefix and buffer is not None:
+                anchor.read = _value(buffer)
+            elif prefix == OUTPUT and isinstance(module, nn.Module):
+                self._hooks.append(module.register_forward_hook(self._recorder(anchor)))
             else:
                 known = tensor_names(model, training=training)
                 raise ExecutorError(
@@ -185,6 +190,15 @@ class Anchors:
                 anchor.records.setdefault(self._step, []).append(output.detach())
 
         return record
+
+
+def _find(name: str, table: dict[str, Any]) -> Any:
+    """``table[name]``, else the one entry whose name ends with ``.name`` or that ``name``
+    ends with (a model wrapped in another module, as Lightning does, or unwrapped)."""
+    if name in table:
+        return table[name]
+    near = [v for k, v in table.items() if k.endswith("." + name) or name.endswith("." + k)]
+    return near[0] if len(near) == 1 else None
 
 
 def _gradient(param: torch.Tensor) -> Callable[[], torch.Tensor | None]:

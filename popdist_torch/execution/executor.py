@@ -25,6 +25,7 @@ from torch import nn
 
 from popdist import progress
 from popdist.env import read_compute_threads
+from popdist_torch import optim
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
 from popdist_torch.execution.batch import Batch
@@ -120,7 +121,7 @@ class PoplarExecutor(DeviceSide, Observation):
         opts = _resolved(options, training=training)
         self._optimizer: torch.optim.Optimizer | None = None
         if training:
-            self._optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
+            self._optimizer = optimizer or optim.SGD(model.parameters(), lr=0.01)
             if uses_stages(model, opts):
                 from popdist_torch.pipeline import check_accumulation
 
@@ -359,7 +360,8 @@ def trainingModel(
 ) -> PoplarExecutor:
     """Wrap ``model`` (whose forward returns its loss, or a tuple ending with it) for training.
 
-    ``optimizer`` defaults to ``torch.optim.SGD(model.parameters(), lr=0.01)`` as in PopTorch.
+    ``optimizer`` defaults to ``poptorch.optim.SGD(model.parameters(), lr=0.01)`` as in PopTorch
+    (torch's SGD update, in float32 for a half-precision model).
     """
     return PoplarExecutor(model, options, training=True, optimizer=optimizer)
 

@@ -230,6 +230,30 @@ def test_anchor_names_and_mistakes() -> None:
     assert opts.toDict()["anchored_tensors"] == {"grad": ["Gradient___fc2.bias", None, 1]}
 
 
+def test_an_anchor_name_may_leave_out_or_add_a_wrapper_prefix() -> None:
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Regression()
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out: tuple[torch.Tensor, torch.Tensor] = self.model(x, y)
+            return out
+
+    wrapper = Wrapper()
+    opts = poptorch.Options()
+    opts.anchorTensor("grad", "Gradient___fc2.bias")
+    opts.anchorTensor("w", "model.fc2.weight")
+    trained = poptorch.trainingModel(wrapper, opts)
+    trained(*xy(2, 0))
+    assert torch.equal(trained.getAnchoredTensor("grad"), grad_of(wrapper.model.fc2.bias))
+    opts = poptorch.Options()
+    opts.anchorTensor("grad", "Gradient___model.fc2.bias")
+    trained = poptorch.trainingModel(wrapper.model, opts)
+    trained(*xy(2, 0))
+    assert torch.equal(trained.getAnchoredTensor("grad"), grad_of(wrapper.model.fc2.bias))
+
+
 def test_inference_anchors_a_parameter_and_an_output() -> None:
     model = Regression()
     opts = poptorch.Options().deviceIterations(2)
