@@ -7,7 +7,7 @@ steer the graph compiler. Here the model runs on torch, so each is registered wi
 schema and a kernel that does what the operator means on a host: markers (blocks, name
 scopes, multi-convolution bounds, optimizer groups) do nothing, hints (available memory,
 recomputation checkpoints, serialisation, overlap) return their tensor, ``ipu_print_tensor``
-prints, and the computing operators compute. Operators this project cannot honour are
+prints (and its gradient in the backward pass), and the computing operators compute. Operators this project cannot honour are
 registered too, with a kernel raising the reason from their row in the surface table.
 
 Kernels are registered for ``CompositeImplicitAutograd`` (autograd flows through the
@@ -110,18 +110,50 @@ def _first(tensor: torch.Tensor, *args: Any) -> torch.Tensor:
     return tensor
 
 
-def print_tensor(tensor: torch.Tensor, title: str = "", *args: Any) -> torch.Tensor:
+def _shown(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` without functorch's wrappers: under the executor's ``vmap`` (and ``grad``)
+    the replicas' values print together, as one tensor with the replicas first."""
+    from torch._C._functorch import get_unwrapped, is_batchedtensor, is_gradtrackingtensor
+
+    while is_batchedtensor(tensor) or is_gradtrackingtensor(tensor):
+        tensor = get_unwrapped(tensor)
+    return tensor
+
+
+class _PrintGradient(torch.autograd.Function):
+    """Identity whose backward prints the gradient after ``<title>_gradient``, as PopTorch."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(tensor: torch.Tensor, title: str) -> torch.Tensor:
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.title = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        builtins.print(f"{ctx.title}_gradient{_shown(grad)}")
+        return grad, None
+
+
+def print_tensor(
+    tensor: torch.Tensor, title: str = "", print_gradient: int = 1, *args: Any
+) -> torch.Tensor:
     """Print ``tensor`` (after ``title``) when the model runs; returns it.
 
-    Under the executor's ``vmap`` the replicas' values print together, as one tensor with
-    the replicas first.
+    With ``print_gradient`` (PopTorch's default) and a tensor that needs a gradient, the
+    backward pass prints its gradient after ``<title>_gradient`` (not inside functorch's
+    transforms, where the executor's fused replicas run: a custom autograd function cannot
+    run from a kernel there).
     """
-    from torch._C._functorch import get_unwrapped, is_batchedtensor
-
-    shown = tensor
-    while is_batchedtensor(shown):
-        shown = get_unwrapped(shown)
+    shown = _shown(tensor)
     builtins.print(f"{title}{shown}" if title else shown)
+    if print_gradient and tensor.requires_grad and shown is tensor:
+        out: torch.Tensor = _PrintGradient.apply(tensor, title)  # type: ignore[no-untyped-call]
+        return out
     return tensor
 
 

@@ -76,7 +76,7 @@ TOP_LEVEL: tuple[Row, ...] = (
     supported(P, "ParallelPhasedExecution", "runs as the sharded schedule; `sendTensorsOffChipAfterFwd` accepted, no effect", PARALLEL),
     supported(P, "PhasedExecution", "the tutorial's name: `SerialPhasedExecution`", PARALLEL),
     # operations
-    supported(P, "ipu_print_tensor", "prints the tensor (with its title) when forward runs; returns it", OPS),
+    supported(P, "ipu_print_tensor", "prints the tensor (with its title) when forward runs, and its gradient in the backward pass (as `torch.ops.poptorch.ipu_print_tensor`); returns it", OPS),
     supported(P, "for_loop", "runs the body `count` times in Python", OPS),
     supported(P, "cond", "runs one branch, chosen by the condition's value", OPS),
     supported(P, "nop", "returns its input", OPS),
@@ -286,7 +286,7 @@ TORCH_OPS: tuple[Row, ...] = (
     no_op(TOPS, "set_matmul_serialization", "returns its input: the matmul is computed whole"),
     no_op(TOPS, "set_overlap_for_input", "returns its input: there are no IO tiles"),
     no_op(TOPS, "set_overlap_for_output", "returns its input: there are no IO tiles"),
-    supported(TOPS, "ipu_print_tensor", "prints the tensor (after its title) when the model runs, and returns it; the formatting arguments are accepted; gradients are not printed"),
+    supported(TOPS, "ipu_print_tensor", "prints the tensor (after its title) when the model runs, and returns it; with `print_gradient` the backward pass prints the gradient after `<title>_gradient` (not inside the fused replicas' `vmap`); the formatting arguments are accepted"),
     supported(TOPS, "identity_loss", "reduction 0 sum, 1 mean, 2 none, as `poptorch.identity_loss`"),
     supported(TOPS, "dynamic_slice", "as `poptorch.dynamic_slice`"),
     supported(TOPS, "dynamic_update", "as `poptorch.dynamic_update`"),

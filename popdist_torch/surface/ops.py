@@ -60,10 +60,13 @@ def ipu_print_tensor(
 ) -> torch.Tensor:
     """Print ``tensor`` (after ``title``) when the model runs; returns it.
 
+    With ``print_gradient`` the backward pass prints the gradient after ``<title>_gradient``.
     PopTorch's formatting arguments are accepted; torch formats the tensor. The printing is
     the registered operator's, so traced and scripted models print too.
     """
-    return torch.ops.poptorch.ipu_print_tensor(tensor, title)  # type: ignore[no-any-return]
+    return torch.ops.poptorch.ipu_print_tensor(  # type: ignore[no-any-return]
+        tensor, title, int(print_gradient)
+    )
 
 
 def _recomputation_checkpoint(*tensors: Any) -> Any:

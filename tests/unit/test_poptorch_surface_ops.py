@@ -225,6 +225,18 @@ def test_the_executor_fuses_replicas_over_the_operators() -> None:
         torch.testing.assert_close(got, want)
 
 
+def test_ipu_print_tensor_prints_the_gradient_in_backward(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    x = torch.ones(2, requires_grad=True)
+    (poptorch.ipu_print_tensor(x * 3, "a") * 2).sum().backward()
+    assert x.grad is not None and x.grad.tolist() == [6.0, 6.0]
+    out = capsys.readouterr().out
+    assert "a_gradienttensor([2., 2.])" in out
+    poptorch.ipu_print_tensor(x * 3, "b", False).sum().backward()
+    assert "b_gradient" not in capsys.readouterr().out
+
+
 def test_print_inside_the_replicas_vmap_shows_values(capsys: pytest.CaptureFixture[str]) -> None:
     printed = torch.func.vmap(lambda t: OPS.ipu_print_tensor(t * 2, "v"))(torch.ones(2, 3))
     assert printed.shape == (2, 3)
