@@ -312,6 +312,21 @@ def _multihost() -> list[Goal]:
     return goals
 
 
+def _slurm() -> list[Goal]:
+    def lm(name: str) -> Figure:
+        return at("launch", name, "median")
+
+    return [
+        Goal("issue 26: Slurm allocation, poprun + popdist.init() ≤ 1.1× mpirun + hvd.init(), "
+             "same allocation", "slurm-benchmark", at("ratios", "poprun_vs_mpirun"), 1.1, "≤",
+             "{a:.3f} s vs {b:.3f} s (2 nodes, no host list)",
+             {"a": lm("poprun"), "b": lm("mpirun + hvd.init()")}),
+        Goal("issue 26: Slurm allocation, poprun + popdist.init() < torchrun per node (srun, c10d)",
+             "slurm-benchmark", at("ratios", "poprun_vs_torchrun"), 1.0, "<",
+             "{a:.3f} s vs {b:.3f} s", {"a": lm("poprun"), "b": lm("torchrun per node (srun)")}),
+    ]  # fmt: skip
+
+
 def _others() -> list[Goal]:
     ratios = ("ratio",)
     goals = [
@@ -344,5 +359,6 @@ GOALS: tuple[Goal, ...] = (
     *_training(),
     *_torch_backend(),
     *_multihost(),
+    *_slurm(),
     *_others(),
 )

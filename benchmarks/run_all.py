@@ -73,6 +73,8 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             900,
             "multihost-benchmark",
         ),
+        # Inside an allocation of a two-node Slurm cluster (needs root; elsewhere it skips).
+        "slurm": ([PY, str(here / "slurm.py"), "--rounds", "7"], 600, "slurm-benchmark"),
         "output_throughput": (
             [PY, str(here / "output_throughput.py"), "--rounds", "5", "--mb", "50"],
             300,
@@ -155,6 +157,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
     ("Lightning: IPUStrategy against DDP and a raw loop", "lightning-benchmark", None),
     ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
+    ("Inside a Slurm allocation: launch", "slurm-benchmark", None),
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
     ("The torch.distributed backend", "torch-backend", None),
 ]
