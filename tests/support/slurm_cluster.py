@@ -12,6 +12,11 @@ Both node names resolve to this machine (``NodeHostname`` is its hostname, ``Nod
 127.0.0.1; distinct slurmd ports and ``%n`` in the spool, pid and ``TmpFS`` paths tell them
 apart), so "remote" instances are local processes: the tier tests the allocation, the plan
 and the launch, not the network (the namespace hosts of ``tests/multihost`` test that).
+Each slurmd runs in a UTS namespace of its own whose hostname is its node name
+(:func:`own_hostname`), so a job's processes on ``n2`` see ``n2`` as their hostname: Open MPI
+names its session directories and shared-memory segments after the hostname, and with one
+name for both nodes their processes corrupt each other's segments (a segfault in
+``mca_btl_vader`` at the first collective).
 
 Stopping ends the daemons by the pids this class started, then every ``slurmstepd`` of *this*
 cluster that outlived them (one can survive its slurmd and SIGTERM, re-parented to init:
@@ -69,9 +74,23 @@ def unavailable() -> str | None:
         )
     if os.geteuid() != 0:
         return "the Slurm test cluster needs root (slurmd starts jobs as their user)"
+    if _find("unshare") is None:
+        return "unshare (util-linux) is missing: each test node needs a hostname of its own"
     if shutil.which("mpirun") is None:
         return "mpirun is not installed (scripts/setup.sh installs Open MPI)"
     return None
+
+
+def own_hostname(name: str) -> list[str]:
+    """An argv prefix that runs a command in a UTS namespace of its own named ``name``.
+
+    The pid stays the command's (``unshare`` and ``sh`` exec it). Each slurmd gets one, so
+    the processes of a node see the node's name as their hostname, as on separate machines:
+    Open MPI tells nodes apart by hostname (its session directories and shared-memory
+    segments are named after it, and two nodes of one name share and corrupt them), and
+    poprun started on ``n1`` (an ``sbatch`` script) knows ``n1`` as its own host.
+    """
+    return [_path("unshare"), "--uts", "/bin/sh", "-c", f'hostname {name} && exec "$@"', "sh"]
 
 
 def free_ports(count: int, contiguous: bool = False) -> list[int]:
@@ -218,7 +237,8 @@ class SlurmCluster:
             self.write_conf()
             self._spawn("slurmctld", [_path("slurmctld"), "-D", "-i", "-f", str(self.conf)])
             for node in self.node_names:
-                self._spawn(node, [_path("slurmd"), "-D", "-N", node, "-f", str(self.conf)])
+                slurmd = [_path("slurmd"), "-D", "-N", node, "-f", str(self.conf)]
+                self._spawn(node, [*own_hostname(node), *slurmd])
             self.wait_idle()
         except BaseException:
             self.stop(check=False)
@@ -601,7 +621,9 @@ def main(argv: list[str]) -> int:
             print(f"use:  export SLURM_CONF={made.conf}")
             print("Ctrl-C stops the cluster.", flush=True)
             with contextlib.suppress(KeyboardInterrupt):
-                signal.pause()
+                while True:
+                    time.sleep(1.0)
+                    reap_children()  # step daemons that ended, re-parented here
         return 0
     print("usage: python -m tests.support.slurm_cluster check [--start] | up", file=sys.stderr)
     return 2
