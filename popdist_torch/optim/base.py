@@ -242,7 +242,7 @@ class PopTorchOptimizer:
         torch_class = next(
             (base for base in cls.__mro__[1:] if issubclass(base, torch.optim.Optimizer)), None
         )
-        if torch_class is not None:  # None: a mixin of mixins (``_Moments``)
+        if torch_class is not None:  # None: a mixin of mixins (``Moments``)
             cls._torch_optimizer = torch_class
 
 

@@ -17,7 +17,7 @@ import torch
 
 from popdist_torch.errors import OptimizerError
 from popdist_torch.optim.base import Params, flag, scaling
-from popdist_torch.optim.optimizers import _ADAM_STATE, _Moments
+from popdist_torch.optim.optimizers import ADAM_STATE, Moments
 
 __all__ = ["LAMB"]
 
@@ -25,10 +25,10 @@ __all__ = ["LAMB"]
 MAX_WEIGHT_NORM = 65500.0
 
 
-class LAMB(_Moments, torch.optim.Optimizer):
+class LAMB(Moments, torch.optim.Optimizer):
     """PopTorch's ``poptorch.optim.LAMB`` (see the module docstring)."""
 
-    _state_types = _ADAM_STATE
+    _state_types = ADAM_STATE
 
     def __init__(
         self,

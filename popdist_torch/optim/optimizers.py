@@ -19,14 +19,14 @@ from popdist_torch.optim.base import max_grad_norm as _max_grad_norm
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSprop"]
 
-_ADAM_STATE = {
+ADAM_STATE = {
     "exp_avg": "first_order_momentum_accum_type",
     "exp_avg_sq": "second_order_momentum_accum_type",
     "max_exp_avg_sq": "second_order_momentum_accum_type",
 }
 
 
-class _Moments(PopTorchOptimizer):
+class Moments(PopTorchOptimizer):
     """The three type arguments of the Adam family, RMSprop and LAMB."""
 
     first_order_momentum_accum_type: torch.dtype
@@ -70,10 +70,10 @@ class SGD(PopTorchOptimizer, torch.optim.SGD):
         self._set_group_defaults(loss_scaling=factor, velocity_scaling=velocity)
 
 
-class Adam(_Moments, torch.optim.Adam):
+class Adam(Moments, torch.optim.Adam):
     """``torch.optim.Adam`` with PopTorch's arguments (see :mod:`popdist_torch.optim`)."""
 
-    _state_types = _ADAM_STATE
+    _state_types = ADAM_STATE
 
     def __init__(
         self,
@@ -100,10 +100,10 @@ class Adam(_Moments, torch.optim.Adam):
         self._set_group_defaults(loss_scaling=factor)
 
 
-class AdamW(_Moments, torch.optim.AdamW):
+class AdamW(Moments, torch.optim.AdamW):
     """``torch.optim.AdamW`` with PopTorch's arguments, including ``bias_correction``."""
 
-    _state_types = _ADAM_STATE
+    _state_types = ADAM_STATE
 
     def __init__(
         self,
@@ -179,7 +179,7 @@ class AdamW(_Moments, torch.optim.AdamW):
             p.addcdiv_(state["exp_avg"], second.sqrt().add_(eps), value=-lr)
 
 
-class RMSprop(_Moments, torch.optim.RMSprop):
+class RMSprop(Moments, torch.optim.RMSprop):
     """``torch.optim.RMSprop`` with PopTorch's arguments, including ``use_tf_variant``.
 
     ``use_tf_variant=True`` is TensorFlow's RMSprop, as PopTorch documents it: the mean
