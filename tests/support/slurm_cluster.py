@@ -615,11 +615,17 @@ def main(argv: list[str]) -> int:
         from tests.support.processes import become_subreaper
 
         become_subreaper()  # step daemons that detach re-parent here, not to init
+
+        def interrupt(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt  # SIGTERM too (a background job ignores SIGINT)
+
+        signal.signal(signal.SIGTERM, interrupt)
+        signal.signal(signal.SIGINT, interrupt)
         started = time.monotonic()
         with cluster() as made:
             print(f"nodes {', '.join(made.node_names)} idle in {time.monotonic() - started:.2f} s")
             print(f"use:  export SLURM_CONF={made.conf}")
-            print("Ctrl-C stops the cluster.", flush=True)
+            print("Ctrl-C or SIGTERM stops the cluster.", flush=True)
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
                     time.sleep(1.0)
