@@ -14,7 +14,6 @@ import warnings
 from typing import Any
 
 from popdist_torch.options.group import OptionGroup, install_setters
-from popdist_torch.popart import is_known_option
 
 __all__ = ["JitOptions", "PopartOptions"]
 
@@ -41,6 +40,8 @@ class PopartOptions(OptionGroup):
         return self._no_ops
 
     def _keep(self, key: str | None, value: Any) -> PopartOptions:
+        from popdist_torch.popart import is_known_option  # lazily: ~10 ms of enum classes
+
         for name in value if key is None else (key,):
             if not is_known_option(name) and name not in _warned:
                 _warned.add(name)
