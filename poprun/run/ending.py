@@ -262,13 +262,7 @@ class EndingPolicy:
         t = self.clock()
         actions: list[Action] = []
         if now.started and now.returncode is None:
-            notice, stop = self.time_limit.due(t, now.deadline)
-            if notice:
-                actions.append(_notify(notice))
-            if stop:  # like --timeout: the instances still running noted, then SIGTERM
-                now.deadline = None
-                now.kill_at = self._sooner(now.kill_at, t + self.grace_s)
-                actions.append(Action(Do.TIME_OUT, stop))
+            actions += _time_limit_actions(self, t)
         if now.deadline is not None and t >= now.deadline and now.returncode is None:
             now.deadline = None
             now.timed_out = True
@@ -388,6 +382,19 @@ class EndingPolicy:
 
 def _notify(why: str) -> Action:
     return Action(Do.NOTIFY, f"{why}: telling the instances to save now", NOTICE_SIGNAL)
+
+
+def _time_limit_actions(policy: EndingPolicy, t: float) -> list[Action]:
+    """The save-now notice (again) and the end before the Slurm job's
+    (:mod:`poprun.run.time_limit`); that end goes as at the time-out."""
+    now = policy.now
+    notice, stop = policy.time_limit.due(t, now.deadline)
+    actions = [_notify(notice)] if notice else []
+    if stop:
+        now.deadline = None
+        now.kill_at = policy._sooner(now.kill_at, t + policy.grace_s)
+        actions.append(Action(Do.TIME_OUT, stop))
+    return actions
 
 
 def _hang_actions(policy: EndingPolicy, t: float) -> list[Action]:
