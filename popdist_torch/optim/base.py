@@ -17,6 +17,10 @@ into the parameter, its ``.grad`` (the gradient that was applied) and the state 
 types the arguments name. Float32 parameters with float32 state (the common case) are
 stepped in place, exactly as torch steps them.
 
+Over the accumulation steps of one update, gradients still sum in the parameters' ``.grad``,
+in the parameters' type (torch allows no other); ``accum_type`` applies from there on: the
+gradient is converted to it, unscaled, clipped and read by the update.
+
 Loss scaling: the executor multiplies the loss by ``loss_scaling`` before the backward pass
 (so small float16 gradients do not flush to zero) and tells the optimizer, which divides the
 gradients by it in ``accum_type`` before clipping and updating. An optimizer stepped
