@@ -35,10 +35,10 @@ def views(directory: Path) -> list[dict[str, object]]:
     return [json.loads(p.read_text()) for p in files]
 
 
-def where(directory: Path) -> list[str]:
+def where(directory: Path, replicas: int = 8) -> list[str]:
     """``poprun --num-replicas 8 --print-topology`` of where.py (no host list, no count)."""
     return poprun_argv(
-        "--num-replicas", "8", "--print-topology",
+        "--num-replicas", str(replicas), "--print-topology",
         PY, str(BIN / "where.py"), str(directory),
         "SLURMD_NODENAME", "POPDIST_HOST", "POPDIST_NUM_LOCAL_INSTANCES",
     )  # fmt: skip
@@ -155,3 +155,24 @@ def test_training_ends_at_the_same_weights_as_on_one_host(
                 got = torch.load(job / f"{model}.{opt}.{rank}.pt", weights_only=True)
                 for key, value in want.items():
                     torch.testing.assert_close(got[key], value, rtol=1e-6, atol=1e-7)
+
+
+def test_uneven_tasks_per_node_place_uneven_instances(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """``-N2 -n3``: Slurm lays out 2 tasks on n1 and 1 on n2 (``2,1``); so does poprun."""
+    done = slurm.salloc(["-N2", "-n3"], where(tmp_path, replicas=6), env=job_env())
+    assert done.returncode == 0, done.stdout
+    seen = views(tmp_path)
+    got = [
+        (v["env"]["SLURMD_NODENAME"], v["instance"], v["local_instance"], v["offset"]) for v in seen
+    ]  # type: ignore[index]
+    assert got == [("n1", 0, 0, 0), ("n1", 1, 1, 2), ("n2", 2, 0, 4)], done.stdout
+    assert [v["env"]["POPDIST_NUM_LOCAL_INSTANCES"] for v in seen] == ["2", "2", "1"]  # type: ignore[index]
+    assert "tasks per node 2,1 (SLURM_TASKS_PER_NODE): n1:2, n2:1" in done.stdout
+
+
+def test_the_time_out_ends_the_job_on_both_nodes(slurm: SlurmCluster) -> None:
+    """Nothing fails; ``--timeout`` ends every instance on both nodes (the fixtures then
+    check that no job, step daemon or process is left)."""
+    argv = poprun_argv("--timeout", "3", "--num-replicas", "4", str(BIN / "fail_one.sh"), "9", "1")
+    done = slurm.salloc(ALLOC, argv, env=job_env())
+    assert done.returncode == 124, done.stdout
