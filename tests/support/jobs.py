@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIRUN = shutil.which("mpirun")
-LAUNCHER_PREFIXES = ("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_")
+LAUNCHER_PREFIXES = ("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_", "SLURM_")
 
 
 def job_env(**extra: str) -> dict[str, str]:
