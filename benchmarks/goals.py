@@ -352,6 +352,22 @@ def _others() -> list[Goal]:
     return goals
 
 
+def _progress() -> list[Goal]:
+    goals = []
+    for model in ("mlp", "cnn"):
+
+        def md(case: str, model: str = model) -> Figure:
+            return at("models", model, "median", case)
+
+        goals.append(Goal(
+            f"issue 27: {model.upper()} training, 2 instances, progress reporting on ≥ 0.98× off",
+            "progress-overhead", at("models", model, "ratio"), 0.98, "≥",
+            "{a:.0f} vs {b:.0f} samples/s (ratio: median per round of {n:.0f})",
+            {"a": md("on"), "b": md("off"), "n": at("rounds")},
+            optional=model != "mlp"))  # fmt: skip
+    return goals
+
+
 GOALS: tuple[Goal, ...] = (
     *_launchers(),
     *_launch_overhead(),
@@ -361,4 +377,5 @@ GOALS: tuple[Goal, ...] = (
     *_multihost(),
     *_slurm(),
     *_others(),
+    *_progress(),
 )

@@ -91,6 +91,9 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         "torch_backend": (
             [PY, str(here / "torch_backend.py"), "--rounds", "5"], 900, "torch-backend",
         ),
+        "progress_overhead": (
+            [PY, str(here / "progress_overhead.py"), "--rounds", "9"], 900, "progress-overhead",
+        ),
     }  # fmt: skip
 
 
@@ -160,6 +163,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Inside a Slurm allocation: launch", "slurm-benchmark", None),
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
     ("The torch.distributed backend", "torch-backend", None),
+    ("Progress reporting: training throughput on and off", "progress-overhead", None),
 ]
 
 
