@@ -135,15 +135,37 @@ def _library_prefixes() -> tuple[str, ...]:
 def _issue(t: Tracker, kind: str, name: str | None, tensor: Any) -> Call:
     t.seq += 1
     shape: tuple[int, ...] = ()
-    dtype = ""
+    dtype: Any = ""
     nbytes = 0
     if tensor is not None and hasattr(tensor, "element_size"):
         shape = tuple(tensor.shape)
         dtype = tensor.dtype
         nbytes = tensor.numel() * tensor.element_size()
+    elif kind == "broadcast_tensors" and isinstance(tensor, (list, tuple)) and tensor:
+        name, shape, dtype, nbytes = _members(tensor, name)
     call = (t.seq, kind, name or "", nbytes, shape, dtype, _site(), time.monotonic())
     t.recent.append(call)
     return call
+
+
+def _members(tensors: list[Any] | tuple[Any, ...], name: str | None) -> tuple[Any, ...]:
+    """``broadcast_tensors``' ``(name, tensor)`` pairs as one call: ``N tensors``, all their
+    elements as one flat shape, the dtype they share (or ``mixed``). Peers whose parameters
+    differ in size then differ here and poprun names both calls (Horovod checks each tensor
+    itself and raises on every instance; torch's flat broadcast would copy garbage silently).
+    A list or a tuple only (an iterator would be used up); never ``broadcast_object``'s
+    argument, which only the root passes."""
+    numel = nbytes = 0
+    dtypes = set()
+    for member in tensors:
+        tensor = member[1] if isinstance(member, tuple) and len(member) == 2 else member
+        if not hasattr(tensor, "element_size"):
+            return name, (), "", 0
+        numel += tensor.numel()
+        nbytes += tensor.numel() * tensor.element_size()
+        dtypes.add(str(tensor.dtype))
+    dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"
+    return name or f"{len(tensors)} tensors", (numel,), dtype, nbytes
 
 
 def _fail(t: Tracker, call: Call, error: BaseException) -> None:

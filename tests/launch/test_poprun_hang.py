@@ -62,11 +62,13 @@ def test_different_shapes_at_one_step_end_the_job_with_both_sites_named() -> Non
     assert done.returncode == 1, done.stderr
     err = done.stderr
     assert "poprun: the instances are out of step" in err
-    for instance, width in ((0, "8"), (1, "16")):
+    for instance, width, elements in ((0, "8", "49"), (1, "16", "97")):
         head = f"poprun:   instance {instance} "
         line = next(text for text in err.splitlines() if text.startswith(head))
         shape = line.split(" shape ")[1].split(" float32")[0]  # (1, 8) or (8, 4): the layer
-        assert width in shape.strip("()").split(", "), line
+        # (rarely, instance 1 reports the parameters' broadcast, one flat call, before it
+        # runs past it: 49 elements against 97)
+        assert width in shape.strip("()").split(", ") or shape == f"({elements},)", line
         assert "called at " in line and "hang.py" in line, line
     assert_no_descendants()
 

@@ -85,10 +85,7 @@ def hang_report(
         )
     behind = [f for f in waiting if f.issued < furthest]
     if waiting and not missing and len({f.pending.seq for f in waiting if f.pending}) == 1:
-        lines.append(
-            "poprun: every instance waits in the same collective: the collective itself does "
-            "not finish (the network, or the backend)"
-        )
+        lines.append(_same_collective(waiting))
     for f in missing:
         if f.exiting:
             lines.append(
@@ -114,6 +111,24 @@ def hang_report(
                 f"imported popdist, or it is stuck before that"
             )
     return "\n".join(lines)
+
+
+def _same_collective(waiting: Sequence[InstanceFigures]) -> str:
+    """Why every instance waits at one sequence number: under different names (Horovod
+    matches collectives by name, so each waits for a name its peers never issue), or the
+    collective itself does not finish."""
+    names = {f.pending.name for f in waiting if f.pending is not None}
+    if len(names) > 1:
+        return (
+            "poprun: every instance waits in collective "
+            f"#{waiting[0].pending.seq if waiting[0].pending else '?'}, but under different "
+            "names: a backend that matches collectives by name (Horovod) waits for a name the "
+            "other instances never issue; every instance must name its collectives alike"
+        )
+    return (
+        "poprun: every instance waits in the same collective: the collective itself does "
+        "not finish (the network, or the backend)"
+    )
 
 
 def _stack_or_why(f: InstanceFigures, now: float) -> list[str]:

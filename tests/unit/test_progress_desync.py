@@ -1,0 +1,104 @@
+"""Issue 27's desync beyond one tensor: the parameters' broadcast compared as one call, and
+instances that wait at one sequence number under different names (Horovod's desync)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from popdist import progress
+from poprun.run.progress.board import ProgressBoard
+from poprun.run.progress.diagnosis import desync_report, hang_report
+
+pytestmark = pytest.mark.unit
+
+
+class Tensor:
+    """What the tracker reads of a tensor."""
+
+    def __init__(self, *shape: int, dtype: str = "torch.float32") -> None:
+        self.shape = shape
+        self.dtype = dtype
+
+    def numel(self) -> int:
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
+
+    def element_size(self) -> int:
+        return 4
+
+
+class Backend:
+    def broadcast_tensors(self, named: Any, *, root: int = 0) -> None:
+        for _ in named:
+            pass
+
+    def broadcast_object(self, obj: Any, *, root: int = 0) -> Any:
+        return obj
+
+
+@pytest.fixture
+def tracker(monkeypatch: pytest.MonkeyPatch) -> progress.Tracker:
+    t = progress.Tracker()
+    monkeypatch.setattr(progress, "tracker", t)
+    monkeypatch.setattr(progress, "_reporter", None)
+    return t
+
+
+def test_the_parameters_broadcast_is_one_call_of_all_their_elements(
+    tracker: progress.Tracker,
+) -> None:
+    backend = progress.instrument(Backend())
+    backend.broadcast_tensors([("fc.weight", Tensor(8, 4)), ("fc.bias", Tensor(8))])
+    _, kind, name, nbytes, shape, dtype, _, _ = tracker.recent[-1]
+    assert (kind, name, nbytes, shape, str(dtype)) == (
+        "broadcast_tensors", "2 tensors", 160, (40,), "torch.float32",
+    )  # fmt: skip
+    backend.broadcast_tensors([("a", Tensor(2)), ("b", Tensor(2, dtype="torch.int64"))])
+    assert tracker.recent[-1][4:6] == ((4,), "mixed")
+    seen: list[str] = []
+
+    def pairs() -> Any:  # an iterator: the tracker must leave it whole for the backend
+        seen.append("t")
+        yield ("t", Tensor(3))
+
+    backend.broadcast_tensors(pairs())
+    assert seen == ["t"] and tracker.recent[-1][2:6] == ("", 0, (), "")
+    backend.broadcast_object([Tensor(3)])  # only the root passes it: never compared by shape
+    assert tracker.recent[-1][1] == "broadcast_object" and tracker.recent[-1][4] == ()
+
+
+def _call(seq: int, name: str, elements: int, kind: str = "broadcast_tensors") -> list[Any]:
+    return [seq, kind, name, 4 * elements, [elements], "float32", ["train.py", 9, "build"], 1.0]
+
+
+def _record(instance: int, **extra: Any) -> dict[str, Any]:
+    return {"instance": instance, "host": f"node{instance}", "pid": 100 + instance, **extra}
+
+
+def test_parameters_of_different_sizes_are_a_desync_naming_both_sites() -> None:
+    board = ProgressBoard(lambda: 50.0)
+    board.update(_record(0, seq=2, recent=[_call(2, "4 tensors", 49)]))
+    board.update(_record(1, seq=2, failed=_call(2, "4 tensors", 97)))
+    desync = board.desync()
+    assert desync is not None and desync.seq == 2
+    report = desync_report(desync)
+    assert "instance 0 (host node0): broadcast_tensors '4 tensors' shape (49,) float32" in report
+    assert "instance 1 (host node1): broadcast_tensors '4 tensors' shape (97,) float32" in report
+    assert report.count("called at train.py:9 in build") == 2
+
+
+def test_waiting_at_one_sequence_number_under_different_names_is_said() -> None:
+    board = ProgressBoard(lambda: 50.0)
+    for instance in (0, 1):
+        pending = _call(2, f"metric.{instance}", 2, kind="allreduce")
+        board.update(_record(instance, seq=2, done=1, pending=pending))
+    report = hang_report(board.snapshot(), [(0, "node0"), (1, "node1")], now=50.0, timeout=6)
+    assert "every instance waits in collective #2, but under different names" in report
+    assert "the collective itself does not finish" not in report
+    board.update(_record(1, seq=2, done=1, pending=_call(2, "metric.0", 2, kind="allreduce")))
+    report = hang_report(board.snapshot(), [(0, "node0"), (1, "node1")], now=50.0, timeout=6)
+    assert "the collective itself does not finish" in report
