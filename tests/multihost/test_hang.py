@@ -1,8 +1,9 @@
-"""Issue 27 across hosts: the hang verdict names a remote instance, its host and its frames.
+"""Issue 27 across hosts: the hang and desync verdicts name a remote instance and its host.
 
-Two instances on namespace hosts h1 and h2 (``hosts.py``), poprun started on h1: instance 1,
-on h2, blocks in a function of its own (``tests/bin/hang.py sleep``: ``stall_here``) before
-the allreduce instance 0 waits in. Its progress records, and the stack in them, reach poprun
+Two instances on namespace hosts h1 and h2 (``hosts.py``), poprun started on h1; instance 1,
+on h2, is the odd one: it blocks in a function of its own (``tests/bin/hang.py sleep``:
+``stall_here``) before the allreduce instance 0 waits in, or sums one metric more
+(``tests/bin/desync_metric.py``). Its progress records, and the stack in them, reach poprun
 over ssh through mpirun's forwarded stderr. After each test no process of the job may be
 left on any host (``clean_hosts``).
 """
@@ -46,3 +47,20 @@ def test_a_remote_instance_blocked_in_its_own_function_is_named(clean_hosts: Hos
     frames = out[out.index(missing) :]
     assert ", in stall_here" in frames and "time.sleep(seconds)" in frames  # where it is, on h2
     assert out.rstrip().endswith("poprun: ended the job; exit code 124")
+
+
+def test_a_remote_desync_names_both_calls_and_hosts(clean_hosts: Hosts) -> None:
+    """Instance 1, on h2, sums one metric more than instance 0 (Horovod, the default)."""
+    done = poprun_on(
+        clean_hosts,
+        "--num-instances", "2", "--num-replicas", "2", "-H", "h1,h2",
+        sys.executable, str(ROOT / "tests" / "bin" / "desync_metric.py"),
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 1, out
+    assert "poprun: the instances are out of step" in out
+    for instance, host, shape in ((0, "h1", "(2,)"), (1, "h2", "(3,)")):
+        head = f"poprun:   instance {instance} (host {host}): allreduce 'metrics' shape {shape}"
+        line = next((text for text in out.splitlines() if text.startswith(head)), out)
+        assert "desync_metric.py:" in line and " in sum_metrics" in line, line
+    assert "instance 0 done" not in out and "instance 1 done" not in out  # none went on
