@@ -39,7 +39,8 @@ def test_a_wider_layer_on_one_instance_is_named_at_the_parameters_broadcast() ->
         line = sides[instance]
         assert f"broadcast_tensors '4 tensors' shape ({elements},) float32" in line, line
         assert "called at " in line and "hang.py:" in line and " in train" in line, line
-    assert "ended the job; exit code 1" in done.stderr
+    # (when Horovod's error reached poprun first, the instance's report follows the verdict)
+    assert done.stderr.rstrip().endswith("exit code 1")
     assert_no_descendants()
 
 
