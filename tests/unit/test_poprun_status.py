@@ -48,6 +48,7 @@ class Fig:
     rss_bytes: int = 200 * MIB
     rss_peak_bytes: int = 250 * MIB
     last_progress: float = 10.0  # the launch at 0: a span of 10 s
+    reported_at: float = 0.0  # its last record (later than last_progress when it ends blocked)
     pending: Call | None = None
 
 
@@ -319,3 +320,13 @@ def test_status_options_are_read() -> None:
     config = build({"status_port": "0", "status_address": "::1"}, ("true",), {"PATH": "/bin"})
     assert (config.status_port, config.status_address) == (0, "::1")
     assert build({}, ("true",), {"PATH": "/bin"}).status_port is None
+
+
+def test_an_instance_that_ends_blocked_waits_no_longer_than_its_span() -> None:
+    # Instance 0 waited 9.7 s for instance 1, still blocked at its last record (at 10.2 s)
+    # though its last progress was at 0.5 s: the share of its time lost is at most all of it.
+    blocked = Fig(0, wait_s=9.7, last_progress=0.5, reported_at=10.2)
+    stalled = Fig(1, wait_s=0.0, last_progress=0.5, reported_at=10.2)
+    found = stragglers.slowest([blocked, stalled], started=0.0)
+    assert found is not None and found.instance == 1
+    assert 0.9 < found.cost_share <= 1.0

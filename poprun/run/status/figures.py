@@ -60,12 +60,21 @@ class Figures(Protocol):
     @property
     def last_progress(self) -> float: ...
     @property
+    def reported_at(self) -> float: ...
+    @property
     def pending(self) -> Call | None: ...
 
 
 def span_s(figures: Figures, started: float, now: float | None = None) -> float:
-    """Seconds from the launch to the instance's last progress (to ``now``, live)."""
-    end = figures.last_progress if now is None else max(now, figures.last_progress)
+    """Seconds from the launch to where the instance's ``wait_s`` was measured (``now``, live).
+
+    An instance's last record counts the wait it is in up to the moment the record was made
+    (``reported_at``), which is later than its last progress when it ends blocked (a hang, a
+    kill in a collective): the span ends there too, so waiting never exceeds the span.
+    """
+    end = max(figures.last_progress, figures.reported_at)
+    if now is not None:
+        end = max(now, end)
     return max(0.0, end - started)
 
 
