@@ -253,6 +253,18 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("program is a directory", ["./fakebin"], ["program=./fakebin: is a directory"]),
     ("program without #! line", ["./noshebang.py"],
      ["Exec format error", "#!/usr/bin/env python3"]),
+    ("negative hang time-out", ["--hang-timeout", "-3", "true"], ["--hang-timeout=-3", "positive"]),
+    ("unknown hang action", ["--on-hang", "maybe", "true"], ["--on-hang=maybe", "kill or report"]),
+    ("status port out of range", ["--status-port", "99999", "true"],
+     ["--status-port=99999", "0 to 65535"]),
+    ("status address alone", ["--status-address", "0.0.0.0", "true"],
+     ["--status-address=0.0.0.0", "add --status-port"]),
+    ("negative time-limit margin", ["--time-limit-margin", "-5", "true"],
+     ["--time-limit-margin=-5", "positive"]),
+    ("margin with no deadline", ["--time-limit-margin", "30", "true"],
+     ["--time-limit-margin=30", "no deadline", "--timeout"]),
+    ("requeue outside Slurm", ["--requeue-on-timeout", "true"],
+     ["--requeue-on-timeout", "SLURM_JOB_ID is not set"]),
 ]  # fmt: skip
 
 
@@ -270,6 +282,8 @@ def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, *, with_mpirun: bool = Tr
         mpirun.write_text(f"#!/bin/sh\ntouch {tmp}/MPIRUN-WAS-CALLED\n")
         mpirun.chmod(mpirun.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin" if with_mpirun else str(fake))
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:
+        monkeypatch.delenv(name)  # the cases are outside a Slurm job, wherever the suite runs
     monkeypatch.chdir(tmp)
     return tmp
 
