@@ -98,10 +98,11 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
 
 
 def export_baseline(rev: str) -> str | None:
-    """The packages at ``rev`` in a temporary directory (for the "before" rows), or None."""
+    """The packages (and benchmark workers) at ``rev`` in a temporary directory (for the
+    "before" rows), or None."""
     target = Path(tempfile.mkdtemp(prefix="popdist-baseline-"))
     archive = subprocess.run(
-        ["git", "archive", rev, "poprun", "popdist", "popdist_torch"],
+        ["git", "archive", rev, "poprun", "popdist", "popdist_torch", "benchmarks"],
         cwd=ROOT,
         capture_output=True,
     )

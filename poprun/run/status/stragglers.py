@@ -21,7 +21,6 @@ It is named only when the spread is worth a user's attention, both:
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -87,6 +86,8 @@ def slowest(
 ) -> Straggler | None:
     """The instance with the most own work and its cost to the others; None with fewer than
     two instances that reported progress."""
+    import statistics  # here, not at the top: it costs every launch ~5 ms (decimal, fractions)
+
     active = [f for f in figures if (f.steps > 0 or f.collectives > 0)]
     spans = {f.instance: span_s(f, started, now) for f in active}
     active = [f for f in active if spans[f.instance] > 0]
