@@ -89,7 +89,19 @@ def main() -> None:
     samples: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in range(args.rounds):
         for backend in backends[r % len(backends) :] + backends[: r % len(backends)]:
-            for size, secs in run_backend(backend, sizes, args.baseline).items():
+            try:
+                got = run_backend(backend, sizes, args.baseline)
+            except subprocess.CalledProcessError as failed:
+                if backend != "horovod (before)":
+                    raise
+                # The earlier commit's packages no longer run beside today's environment:
+                # the before column is left out, the measured rows and the goals stand.
+                tail = (failed.stderr or "").strip().splitlines()[-1:]
+                print(f"before column left out: {' '.join(tail)}", file=sys.stderr)
+                backends.remove(backend)
+                samples.pop(backend, None)
+                continue
+            for size, secs in got.items():
                 samples[backend][size].append(secs)
 
     busfactor = 2 * (RANKS - 1) / RANKS
@@ -148,7 +160,7 @@ def main() -> None:
                 "path / MPI, 4 KB",
                 "path / MPI, 2 MB",
                 "path (2 MB) % of a+b",
-                *(["gradient path before"] if args.baseline else []),
+                *(["gradient path before"] if "horovod (before)" in backends else []),
             ],
             rows,
         )
