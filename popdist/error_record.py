@@ -38,13 +38,13 @@ def record(
     """The record of one exception: where it happened and what it was."""
     import traceback
 
-    from popdist import env
+    from popdist.env import HOST, INSTANCE_INDEX, OMPI_RANK
 
     environ = os.environ if environ is None else environ
-    index = environ.get(env.INSTANCE_INDEX) or environ.get(env.OMPI_RANK) or "0"
+    index = environ.get(INSTANCE_INDEX) or environ.get(OMPI_RANK) or "0"
     return {
         "instance": int(index) if index.strip().isdigit() else None,
-        "host": environ.get(env.HOST) or os.uname().nodename,
+        "host": environ.get(HOST) or os.uname().nodename,
         "pid": os.getpid(),
         "type": f"{exc_type.__module__}.{exc_type.__qualname__}".removeprefix("builtins."),
         "message": str(exc),

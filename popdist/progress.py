@@ -38,6 +38,8 @@ import sys
 import threading
 import time
 
+from popdist.env import HOST, INSTANCE_INDEX, OMPI_RANK, PROGRESS, PROGRESS_STACKS
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -349,14 +351,12 @@ class Reporter:
     """The thread that writes this instance's progress records to its stderr."""
 
     def __init__(self, t: Tracker, secret: str, stacks_after: float, environ: Mapping[str, str]):
-        from popdist import env
-
         self.t = t
         self.secret = secret
         self.stacks_after = stacks_after
-        index = environ.get(env.INSTANCE_INDEX) or environ.get(env.OMPI_RANK) or "0"
+        index = environ.get(INSTANCE_INDEX) or environ.get(OMPI_RANK) or "0"
         self.instance = int(index) if index.strip().isdigit() else 0
-        self.host = environ.get(env.HOST) or os.uname().nodename
+        self.host = environ.get(HOST) or os.uname().nodename
         self.lock = threading.Lock()
         self.last_emit = 0.0
         self.reported_blocked: Call | None = None
@@ -454,16 +454,14 @@ def _stop_in_child() -> None:
 def start_if_asked(environ: Mapping[str, str] | None = None) -> bool:
     """Start counting and reporting when poprun asked (``POPDIST_PROGRESS``); idempotent."""
     global tracker, _reporter
-    from popdist import env
-
     environ = os.environ if environ is None else environ
-    secret = environ.get(env.PROGRESS, "").strip()
+    secret = environ.get(PROGRESS, "").strip()
     if not secret:
         return False
     if tracker is not None:
         return True
     try:
-        stacks_after = float(environ.get(env.PROGRESS_STACKS, "0") or 0)
+        stacks_after = float(environ.get(PROGRESS_STACKS, "0") or 0)
     except ValueError:
         stacks_after = 0.0
     tracker = Tracker()

@@ -40,8 +40,8 @@ from torch import Tensor
 from torch.utils import data as tud
 
 import popdist
+import popdist_lightning.collectives as collectives
 import popdist_torch as poptorch
-from popdist_lightning import collectives
 from popdist_lightning.environment import PopdistEnvironment
 from popdist_lightning.legacy import check_hooks
 from popdist_lightning.precision import IPUPrecision, as_ipu_precision

@@ -25,7 +25,6 @@ from torch import nn
 
 from popdist import progress
 from popdist.env import read_compute_threads
-from popdist_torch import optim
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
 from popdist_torch.execution.batch import Batch
@@ -41,7 +40,7 @@ from popdist_torch.execution.placement import (
 )
 from popdist_torch.execution.reducer import GradientReducer, broadcast_state, connect
 from popdist_torch.execution.runners import ReplicaRunner, make_runner, uses_stages
-from popdist_torch.optim import PopTorchOptimizer, loss_scaling_of
+from popdist_torch.optim import SGD, PopTorchOptimizer, loss_scaling_of
 from popdist_torch.options import Options
 
 __all__ = [
@@ -121,7 +120,7 @@ class PoplarExecutor(DeviceSide, Observation):
         opts = _resolved(options, training=training)
         self._optimizer: torch.optim.Optimizer | None = None
         if training:
-            self._optimizer = optimizer or optim.SGD(model.parameters(), lr=0.01)
+            self._optimizer = optimizer or SGD(model.parameters(), lr=0.01)
             if uses_stages(model, opts):
                 from popdist_torch.pipeline import check_accumulation
 
