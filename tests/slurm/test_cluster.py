@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from tests.support.slurm_cluster import SlurmCluster
+from tests.support.processes import reap_children
+from tests.support.slurm_cluster import ROOT, SlurmCluster
 
 pytestmark = [pytest.mark.slurm]
 
@@ -20,3 +30,62 @@ def test_sbatch_runs_a_script_with_the_allocation(slurm: SlurmCluster) -> None:
     job, output, done = slurm.sbatch(script, ["-N2", "--ntasks-per-node=2"])
     assert job > 0 and (done.stdout, done.returncode) == ("FAILED", 3), output
     assert "nodes=n[1-2] tasks=2(x2)" in output
+
+
+def test_the_daemons_end_when_the_process_that_started_them_is_killed(
+    cluster: SlurmCluster,
+) -> None:
+    """A test run killed outright (no ``stop()``) must not leave slurmctld and slurmd behind.
+
+    (``cluster``: the tier's fixture, here so that the test is skipped where Slurm cannot run.)
+    """
+    up = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.slurm_cluster", "up"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert up.stdout is not None
+    said = []
+    for line in up.stdout:
+        said.append(line)
+        if line.startswith("daemons:"):
+            break
+    daemons = [int(word) for word in said[-1].split()[1:]] if said else []
+    assert len(daemons) == 3, f"the cluster did not come up: {''.join(said)}"
+    watch = {os.pidfd_open(pid): pid for pid in daemons}  # readable once the process exits
+    os.kill(up.pid, signal.SIGKILL)
+    up.wait()
+    up.stdout.close()
+    try:
+        waiting = select.poll()
+        for fd in watch:
+            waiting.register(fd, select.POLLIN)
+        ended: set[int] = set()
+        deadline = time.monotonic() + 15
+        while len(ended) < len(watch) and (left := deadline - time.monotonic()) > 0:
+            for fd, _ in waiting.poll(left * 1000):
+                ended.add(fd)
+                waiting.unregister(fd)
+        alive = [pid for fd, pid in watch.items() if fd not in ended]
+    finally:
+        for fd in watch:
+            os.close(fd)
+        reap_children()
+        _remove_cluster_dir(said)
+    assert not alive, f"daemons outlived the killed harness: {alive}"
+
+
+def _remove_cluster_dir(said: list[str]) -> None:
+    """The killed harness's private directory (``/tmp/slurm-*``), named in its ``use:`` line."""
+    for line in said:
+        if line.startswith("use:") and "SLURM_CONF=" in line:
+            conf = Path(line.split("SLURM_CONF=", 1)[1].strip())
+            if (
+                conf.is_absolute()
+                and conf.name == "slurm.conf"
+                and conf.parent.name.startswith("slurm-")
+            ):
+                shutil.rmtree(conf.parent, ignore_errors=True)

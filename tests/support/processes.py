@@ -10,14 +10,28 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 from pathlib import Path
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
 def become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def end_with_parent(parent: int, signum: int = signal.SIGTERM) -> None:
+    """In a child before ``exec`` (``preexec_fn``): get ``signum`` when ``parent`` dies.
+
+    Linux ``PR_SET_PDEATHSIG``; it survives ``exec`` of ordinary binaries. A parent that died
+    before the call is caught by comparing ``getppid``.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signum)
 
 
 def _children(pid: int) -> list[int]:

@@ -34,6 +34,7 @@ prints the ``SLURM_CONF`` to use. Needs root (slurmd runs jobs as their user) an
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -46,7 +47,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.processes import reap_children
+from tests.support.processes import end_with_parent, reap_children
 
 ROOT = Path(__file__).resolve().parents[2]
 DAEMONS = ("slurmctld", "slurmd")
@@ -256,6 +257,8 @@ class SlurmCluster:
                 env=self.env(),
                 cwd=self.dir,
                 start_new_session=True,  # own process group: ended by pid, not by a signal to ours
+                # and ended with this process if it dies before stop() (a killed test run)
+                preexec_fn=functools.partial(end_with_parent, os.getpid()),
             )
         finally:
             out.close()
@@ -625,6 +628,7 @@ def main(argv: list[str]) -> int:
         with cluster() as made:
             print(f"nodes {', '.join(made.node_names)} idle in {time.monotonic() - started:.2f} s")
             print(f"use:  export SLURM_CONF={made.conf}")
+            print("daemons:", " ".join(str(p.pid) for p in made.daemons.values()))
             print("Ctrl-C or SIGTERM stops the cluster.", flush=True)
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
