@@ -10,9 +10,11 @@ order each round, one launch of 2 instances (one per node) by
 - ``mpirun``: ``mpirun -np 2 python -c "import horovod.torch as hvd; hvd.init()"``, no host
   list (Open MPI reads the allocation too): the anchor;
 - ``torchrun``: started once per node by ``srun -N2 --ntasks-per-node=1``, as Slurm users
-  must (``torchrun --nnodes 2 --node-rank $SLURM_NODEID --nproc-per-node 1
-  --rdzv-backend c10d --rdzv-endpoint localhost:PORT``; both nodes are this machine), the
-  program ``init_process_group("gloo")`` + a barrier.
+  must (``torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint
+  localhost:PORT --local-addr 127.0.0.1``), the program ``init_process_group("gloo")`` + a
+  barrier. Both nodes are this machine: each node's hostname (``n1``, ``n2``) resolves to
+  nothing, so torchrun is told its address, as one does on a cluster whose hostnames are
+  not the interconnect's; c10d ignores ``--node-rank``.
 
 Both node names are this machine, so the figures are launch costs (Slurm's step launch,
 Open MPI's daemons, Python start-up), not a network. Needs root and ``slurm-wlm``; elsewhere
@@ -66,8 +68,8 @@ def launches() -> dict[str, list[str]]:
     mpirun = ["mpirun", *root, "--bind-to", "none", "-np", "2"]
     mpirun += ["-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"]
     torchrun = (
-        f"exec {which('torchrun')} --nnodes 2 --node-rank $SLURM_NODEID --nproc-per-node 1 "
-        "--rdzv-backend c10d --rdzv-endpoint localhost:{port} --rdzv-id bench --no-python "
+        f"exec {which('torchrun')} --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d "
+        "--rdzv-endpoint localhost:{port} --local-addr 127.0.0.1 --rdzv-id bench --no-python "
         f'{PY} -c "{INIT_TORCH}"'
     )
     return {
@@ -140,8 +142,8 @@ def main() -> int:
             "slurmctld, slurmd `n1` and `n2`), one allocation (`salloc -N2 "
             "--ntasks-per-node=1`) for every launch, 2 instances, one per node. No launcher "
             "is given a host list: poprun and mpirun read the allocation; torchrun is started "
-            "on each node by `srun`, its node rank from `SLURM_NODEID`, its c10d rendezvous "
-            "on localhost (both nodes are this machine). The figures are launch costs "
+            "on each node by `srun`, its c10d rendezvous on localhost and `--local-addr "
+            "127.0.0.1` (both nodes are this machine). The figures are launch costs "
             "(Slurm's step launch, Open MPI's daemons, Python start-up, the backend's "
             "start), not a network. The machine's load average (first line) counts the other "
             "jobs it ran meanwhile.",
