@@ -92,7 +92,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             [PY, str(here / "torch_backend.py"), "--rounds", "5"], 900, "torch-backend",
         ),
         "progress_overhead": (
-            [PY, str(here / "progress_overhead.py"), "--rounds", "9"], 900, "progress-overhead",
+            [PY, str(here / "progress_overhead.py"), "--rounds", "7"], 1200, "progress-overhead",
         ),
     }  # fmt: skip
 

@@ -187,6 +187,15 @@ def _launch(
     argv: list[str], baseline: str | None = None, extra: dict[str, str] | None = None
 ) -> tuple[float, float]:
     """One launch: rank 0's samples/s and its minor page faults per step."""
+    result = launch_result(argv, baseline, extra)
+    return float(result["samples_per_s"]), float(result["faults_per_step"])
+
+
+def launch_result(
+    argv: list[str], baseline: str | None = None, extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One launch of a worker, one compute thread a process: what rank 0 printed after
+    ``RESULT``."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -205,8 +214,8 @@ def _launch(
         raise RuntimeError(
             f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         )
-    result = json.loads(match.group(1))
-    return float(result["samples_per_s"]), float(result["faults_per_step"])
+    result: dict[str, Any] = json.loads(match.group(1))
+    return result
 
 
 #: case key -> (label, processes, launcher, worker kind, per-process/replica micro-batch)
