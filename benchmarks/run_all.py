@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import goals
-from _common import DOCS, ROOT, machine, table
+from _common import DOCS, ROOT, compile_sources, machine, table
 from goals import Row
 
 PY = sys.executable
@@ -110,6 +110,7 @@ def export_baseline(rev: str) -> str | None:
         print(f"no baseline: git archive {rev} failed", file=sys.stderr)
         return None
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    compile_sources(target)  # the "before" packages as installed too
     return str(target)
 
 
