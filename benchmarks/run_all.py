@@ -266,7 +266,9 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
         f"Machine: {machine()}.",
         "Regenerate everything with `make bench` (`.venv/bin/python benchmarks/run_all.py`); "
         "each benchmark also runs alone (its command is in its section). Every figure is a "
-        "median of interleaved rounds, measured side by side with its anchor in the same run.",
+        "median of interleaved rounds, measured side by side with its anchor in the same run. "
+        "The project's packages run from bytecode, as a pip install leaves them (each "
+        "benchmark compiles what is out of date first).",
     ]
     if log:
         parts += [
