@@ -110,6 +110,15 @@ OMPI_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
 OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
 
 
+def reported_as(environ: Mapping[str, str]) -> tuple[int | None, str]:
+    """How an instance names itself in what it sends poprun (error and progress records):
+    its index (poprun's, else mpirun's rank; ``None`` when neither reads as a number) and
+    its host (poprun's name for it, else this machine's)."""
+    index = environ.get(INSTANCE_INDEX) or environ.get(OMPI_RANK) or "0"
+    number = int(index) if index.strip().isdigit() else None
+    return number, environ.get(HOST) or os.uname().nodename
+
+
 class PopdistError(RuntimeError):
     """A popdist environment or call that cannot be honoured.
 

@@ -38,13 +38,12 @@ def record(
     """The record of one exception: where it happened and what it was."""
     import traceback
 
-    from popdist.env import HOST, INSTANCE_INDEX, OMPI_RANK
+    from popdist.env import reported_as
 
-    environ = os.environ if environ is None else environ
-    index = environ.get(INSTANCE_INDEX) or environ.get(OMPI_RANK) or "0"
+    instance, host = reported_as(os.environ if environ is None else environ)
     return {
-        "instance": int(index) if index.strip().isdigit() else None,
-        "host": environ.get(HOST) or os.uname().nodename,
+        "instance": instance,
+        "host": host,
         "pid": os.getpid(),
         "type": f"{exc_type.__module__}.{exc_type.__qualname__}".removeprefix("builtins."),
         "message": str(exc),

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 
-from popdist.env import HOST, INSTANCE_INDEX, OMPI_RANK, PROGRESS, PROGRESS_STACKS
+from popdist.env import PROGRESS, PROGRESS_STACKS, reported_as
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:
@@ -354,9 +354,8 @@ class Reporter:
         self.t = t
         self.secret = secret
         self.stacks_after = stacks_after
-        index = environ.get(INSTANCE_INDEX) or environ.get(OMPI_RANK) or "0"
-        self.instance = int(index) if index.strip().isdigit() else 0
-        self.host = environ.get(HOST) or os.uname().nodename
+        instance, self.host = reported_as(environ)
+        self.instance = instance or 0
         self.lock = threading.Lock()
         self.last_emit = 0.0
         self.reported_blocked: Call | None = None
