@@ -19,6 +19,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+# PopART's enumerations whose members and values PopTorch's namesakes share: the same objects.
+from popdist_torch.enums import ConnectionType as DeviceConnectionType
+from popdist_torch.enums import ReductionType, SyncPattern
+
 __all__ = [
     "KNOWN_OPTIONS",
     "AccumulateOuterFragmentSchedule",
@@ -132,14 +136,6 @@ class SubgraphCopyingStrategy(enum.IntEnum):
     JustInTime = 1
 
 
-class ReductionType(enum.IntEnum):
-    """How losses and gradients are reduced."""
-
-    Sum = 0
-    Mean = 1
-    NoReduction = 2
-
-
 class MeanReductionStrategy(enum.IntEnum):
     """When a mean reduction divides."""
 
@@ -219,14 +215,6 @@ class PatternsLevel(enum.IntEnum):
     All = 3
 
 
-class SyncPattern(enum.IntEnum):
-    """How IPUs synchronise with the host."""
-
-    Full = 0
-    SinglePipeline = 1
-    ReplicaAndLadder = 2
-
-
 class DataType(enum.IntEnum):
     """PopART's tensor element types."""
 
@@ -271,14 +259,6 @@ class AnchorReturnTypeId(enum.IntEnum):
     EveryN = 1
     All = 2
     Sum = 3
-
-
-class DeviceConnectionType(enum.IntEnum):
-    """When the device is attached."""
-
-    Always = 0
-    OnDemand = 1
-    Never = 2
 
 
 # -- settings objects: they keep what they are given --------------------------------------
