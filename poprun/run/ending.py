@@ -289,13 +289,11 @@ class EndingPolicy:
     def wait_s(self) -> float | None:
         """How long the supervisor may wait for the next event (None: until one comes)."""
         now = self.now
-        limit = self.time_limit.next_time(now.deadline) if now.returncode is None else None
-        soonest = min(
-            (t for t in (now.deadline, now.kill_at, now.drain_until, limit) if t is not None),
-            default=None,
-        )
-        hang = self.hang.next_check() if now.returncode is None else None
-        soonest = min((s for s in (soonest, hang) if s is not None), default=None)
+        running = now.returncode is None
+        limit = self.time_limit.next_time(now.deadline) if running else None
+        hang = self.hang.next_check() if running else None
+        times = (now.deadline, now.kill_at, now.drain_until, limit, hang)
+        soonest = min((t for t in times if t is not None), default=None)
         if soonest is None:
             return None
         return min(max(0.0, soonest - self.clock()), STEP_S)
