@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.multihost.hosts import Hosts, unavailable
+from tests.support.tiers import require
 
 NUM_HOSTS = 3
 
@@ -25,11 +26,7 @@ def _must_run() -> bool:
 @pytest.fixture(scope="session")
 def hosts() -> Iterator[Hosts]:
     """Three namespace hosts h1, h2, h3; jobs start on h1 (``hosts.on("h1", argv)``)."""
-    reason = unavailable()
-    if reason is not None:
-        if _must_run():
-            pytest.fail(f"the multi-host tier must run under CI=true, but {reason}")
-        pytest.skip(f"multi-host tier: {reason}")
+    require("multi-host", unavailable(), _must_run())
     made = Hosts(NUM_HOSTS)
     try:
         yield made

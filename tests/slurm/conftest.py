@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.slurm_cluster import SlurmCluster, unavailable
+from tests.support.tiers import require
 
 
 def _must_run() -> bool:
@@ -23,11 +24,7 @@ def _must_run() -> bool:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[SlurmCluster]:
     """The session's cluster; jobs go through ``cluster.salloc``/``sbatch``/``srun``."""
-    reason = unavailable()
-    if reason is not None:
-        if _must_run():
-            pytest.fail(f"the Slurm tier must run under CI=true, but {reason}")
-        pytest.skip(f"Slurm tier: {reason}")
+    require("Slurm", unavailable(), _must_run())
     made = SlurmCluster(nodes=2, cpus=4)
     made.start()
     try:

@@ -18,25 +18,10 @@ from poprun.run.ending import (
 )
 from poprun.run.evidence import ErrorRecord, Failure
 from poprun.run.verdict import InstanceResult
+from tests.support.fakes import Clock
+from tests.support.fakes import instances as _instances
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    """A clock that moves only when told."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-def _instances(n: int = 2, host: str = "localhost") -> tuple[InstanceResult, ...]:
-    return tuple(InstanceResult(index=i, host=host, pid=100 + i) for i in range(n))
 
 
 def _policy(clock: Clock, **kwargs: object) -> EndingPolicy:

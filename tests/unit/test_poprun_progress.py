@@ -20,21 +20,11 @@ from poprun.run.progress.board import ProgressBoard, parse_line
 from poprun.run.progress.diagnosis import desync_report, hang_report, wait_note
 from poprun.run.progress.hang import NOTE_FRACTION, HangWatch
 from poprun.run.verdict import InstanceResult
+from tests.support.fakes import Clock
 
 pytestmark = pytest.mark.unit
 
 SECRET = "s3cr3t"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 def _call(

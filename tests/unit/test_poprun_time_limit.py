@@ -27,21 +27,11 @@ from poprun.run.time_limit import (
     plan,
     requeue,
 )
-from poprun.run.verdict import InstanceResult, RunResult, decide, ended_at_time_limit
+from poprun.run.verdict import RunResult, decide, ended_at_time_limit
+from tests.support.fakes import Clock
+from tests.support.fakes import instances as _instances
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _instances() -> tuple[InstanceResult, ...]:
-    return tuple(InstanceResult(index=i, host="localhost", pid=100 + i) for i in range(2))
 
 
 def _policy(clock: Clock, limit: TimeLimit, **kwargs: object) -> EndingPolicy:
