@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.processes import run_in_session
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIRUN = shutil.which("mpirun")
@@ -46,23 +47,12 @@ def run_job(
     argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` to its end; on time-out kill its process group and fail the test."""
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=job_env() if env is None else env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{argv[0]} outlived {timeout} s:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, None)
+        return run_in_session(
+            argv, env=job_env() if env is None else env, cwd=ROOT, timeout=timeout
+        )
+    except TimeoutError as error:
+        pytest.fail(str(error))
 
 
 def run_mpi(

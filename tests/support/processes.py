@@ -8,9 +8,12 @@ leaves one).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
+import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -87,3 +90,29 @@ def reap_children() -> None:
             return
         if pid == 0:
             return
+
+
+def run_in_session(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end in a session of its own, stdout and stderr merged; past
+    ``timeout`` its process group is killed (by id) and :class:`TimeoutError` raised with
+    the end of its output."""
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise TimeoutError(f"{argv[0]} outlived {timeout} s:\n{out[-4000:]}") from None
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, None)

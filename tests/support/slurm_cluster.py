@@ -47,7 +47,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.processes import end_with_parent, reap_children
+from tests.support.processes import end_with_parent, reap_children, run_in_session
 
 ROOT = Path(__file__).resolve().parents[2]
 DAEMONS = ("slurmctld", "slurmd")
@@ -448,24 +448,7 @@ class SlurmCluster:
     ) -> subprocess.CompletedProcess[str]:
         """``argv`` in its own session against this cluster, stdout and stderr merged; past
         ``timeout`` its process group is killed (by id) and :class:`TimeoutError` raised."""
-        proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=self.env(env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            raise TimeoutError(f"{argv[0]} outlived {timeout} s:\n{out[-4000:]}") from None
-        return subprocess.CompletedProcess(list(argv), proc.returncode, out, None)
+        return run_in_session(argv, env=self.env(env), cwd=cwd, timeout=timeout)
 
     def salloc(
         self, alloc: Sequence[str], command: Sequence[str], **kwargs: object

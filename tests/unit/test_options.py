@@ -8,6 +8,7 @@ import popdist.poptorch
 import popdist_torch as poptorch
 from popdist import env
 from popdist_torch.options import NO_OP_OPTIONS
+from tests.support.instance_env import as_instance
 
 pytestmark = pytest.mark.unit
 
@@ -165,16 +166,9 @@ def test_clone_shares_execution_strategy() -> None:
 def _poprun_env(
     monkeypatch: pytest.MonkeyPatch, *, replicas: int, instances: int, index: int
 ) -> None:
-    for name, value in env.instance_environment(
-        num_total_replicas=replicas,
-        num_ipus_per_replica=2,
-        num_instances=instances,
-        instance_index=index,
-        local_instance_index=index,
-        num_local_instances=instances,
-        host="localhost",
-    ).items():
-        monkeypatch.setenv(name, value)
+    as_instance(
+        monkeypatch, replicas=replicas, instances=instances, index=index, ipus_per_replica=2
+    )
 
 
 def test_popdist_options_follow_poprun(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,9 +18,9 @@ from torch import nn
 import popdist
 import popdist.poptorch
 import popdist_torch as poptorch
-from popdist import env
 from popdist_torch import popart
 from popdist_torch.options import UnsupportedOptionError
+from tests.support.instance_env import as_instance
 
 pytestmark = pytest.mark.unit
 
@@ -165,16 +165,7 @@ def test_assignment_is_the_setter() -> None:
 
 
 def _poprun_env(monkeypatch: pytest.MonkeyPatch, *, instances: int, index: int) -> None:
-    for name, value in env.instance_environment(
-        num_total_replicas=2 * instances,
-        num_ipus_per_replica=1,
-        num_instances=instances,
-        instance_index=index,
-        local_instance_index=index,
-        num_local_instances=instances,
-        host="localhost",
-    ).items():
-        monkeypatch.setenv(name, value)
+    as_instance(monkeypatch, replicas=2 * instances, instances=instances, index=index)
 
 
 def test_under_poprun_the_values_are_the_instances(monkeypatch: pytest.MonkeyPatch) -> None:
