@@ -110,13 +110,16 @@ def test_the_notice_checkpoints_requeues_and_the_job_resumes_exactly(
     assert sent.returncode == 0, sent.stderr
 
     # Requeued, Slurm holds the job for its credential lifetime (120 s by default) before it
-    # may run again; the test cluster lets it go at once.
+    # may run again; the test cluster lets it go in the next second of the clock: slurmd
+    # refuses a credential made in the second in which the requeue revoked the job's ("Job
+    # credential revoked"), so a restart within that second failed the job.
     def requeued() -> bool:
         state = _state(slurm, job)
         return state.get("Restarts") == "1" and state.get("JobState") in ("PENDING", "RUNNING")
 
     _wait_for("the job requeued", requeued, slurm, job, out)
     if _state(slurm, job).get("JobState") == "PENDING":
+        time.sleep(1 - time.time() % 1)  # into the next second: Slurm counts in seconds
         slurm.client("scontrol", "update", f"JobId={job}", "StartTime=now")
     give_up = time.monotonic() + PATIENCE_S
     while _state(slurm, job).get("JobState") not in ENDED and time.monotonic() < give_up:
