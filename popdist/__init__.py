@@ -40,6 +40,7 @@ from popdist.deadline import notice_received, should_stop
 from popdist.env import PopdistError
 from popdist.error_record import install_if_asked as _install_error_record
 from popdist.instances import execute_on_instances
+from popdist.lease import start_if_asked as _hold_lease
 from popdist.progress import start_if_asked as _start_progress
 
 #: PopDist's other name for :func:`init`.
@@ -48,6 +49,7 @@ initializeBackend = init
 _install_error_record()  # under poprun: an uncaught exception is also reported as data
 _start_progress()  # under poprun: collectives and steps are counted and reported
 _install_notice()  # under poprun: the time-limit notice (SIGUSR1) sets a flag, nothing else
+_hold_lease()  # under poprun across hosts: cut off from poprun, the instance ends itself
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:

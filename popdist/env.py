@@ -72,6 +72,12 @@ BACKEND = "POPDIST_BACKEND"
 ERROR_RECORD = "POPDIST_ERROR_RECORD"
 PROGRESS = "POPDIST_PROGRESS"
 PROGRESS_STACKS = "POPDIST_PROGRESS_STACKS"
+#: The job's membership generation: 0 at the first launch, +1 at each launch after poprun
+#: left out a lost host or readmitted one (``--min-hosts``, ``--readmit``).
+GENERATION = "POPDIST_GENERATION"
+#: Where the instance holds its lease from poprun (``ADDRESS:PORT``; multi-host jobs):
+#: without a renewal for a while, the instance ends itself (:mod:`popdist.lease`).
+LEASE = "POPDIST_LEASE"
 
 #: The values ``POPDIST_BACKEND`` (``poprun --backend``) may take; the first is the default.
 BACKENDS: tuple[str, ...] = ("horovod", "torch")
@@ -102,6 +108,8 @@ ALL: tuple[str, ...] = (
     ERROR_RECORD,
     PROGRESS,
     PROGRESS_STACKS,
+    GENERATION,
+    LEASE,
 )
 
 OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
@@ -117,6 +125,12 @@ def reported_as(environ: Mapping[str, str]) -> tuple[int | None, str]:
     index = environ.get(INSTANCE_INDEX) or environ.get(OMPI_RANK) or "0"
     number = int(index) if index.strip().isdigit() else None
     return number, environ.get(HOST) or os.uname().nodename
+
+
+def generation(environ: Mapping[str, str] | None = None) -> int:
+    """The job's membership generation (:data:`GENERATION`; 0 when unset or not a number)."""
+    value = (os.environ if environ is None else environ).get(GENERATION, "0").strip()
+    return int(value) if value.isdigit() else 0
 
 
 class PopdistError(RuntimeError):

@@ -14,8 +14,10 @@ only for ``--help``, ``--version`` and odd input) come from
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from poprun import log
@@ -63,7 +65,7 @@ def _run(
     from poprun.plan.devices import check_pool, device_pool
     from poprun.plan.environment import forwarded_names, mpirun_environment, with_allocator_defaults
     from poprun.plan.mpirun import build_argv, find_mpirun, mca_from_environment, quote
-    from poprun.plan.topology import render
+    from poprun.plan.topology import on_hosts, render
 
     environ = dict(os.environ if environ is None else environ)
     log.set_verbosity(int(values.get("verbose") or 0))
@@ -76,9 +78,8 @@ def _run(
     topology, numactl = _plan(config, environ)
     pool = device_pool(environ)
     check_pool(topology, pool)
-    argv = build_argv(
-        config,
-        topology,
+    argv_for = functools.partial(
+        build_argv,
         mpirun=mpirun,
         forwarded=forwarded_names(environ),
         is_root=os.geteuid() == 0,
@@ -87,6 +88,7 @@ def _run(
         user_mca=mca_from_environment(environ),
         device_pool=pool,
     )
+    argv = argv_for(config, topology)
     if config.vipu:
         names = ", ".join(option_name(k) for k, _ in config.vipu)
         log.warning(f"there is no V-IPU here: ignoring {names}")
@@ -102,7 +104,15 @@ def _run(
     if config.dry_run:
         sys.stdout.write(quote(argv) + "\n")
         return 0
-    return _launch(config, topology, argv, mpirun_environment(config, environ), inbox)
+
+    def replan(hosts: tuple[str, ...]) -> tuple[Topology, list[str]]:
+        """The job on fewer hosts (``--min-hosts``): same replicas, instances per host."""
+        smaller = on_hosts(config, hosts)
+        planned = _plan(smaller, environ)[0]
+        return planned, argv_for(smaller, planned)
+
+    env = mpirun_environment(config, environ)
+    return _launch(config, topology, argv, env, inbox, replan)
 
 
 def _launch(
@@ -111,6 +121,7 @@ def _launch(
     argv: list[str],
     env: dict[str, str],
     inbox: SignalInbox,
+    replan: Callable[[tuple[str, ...]], tuple[Topology, list[str]]],
 ) -> int:
     """The status endpoint (bound first: a port in use is a usage error, nothing launched),
     the ssh check (its connections kept for mpirun), then the supervised job."""
@@ -126,7 +137,7 @@ def _launch(
 
             shared = ssh_check.check(remote, config.global_args(), env)
         merged = {**env, **(shared.env() if shared else {})}
-        return supervise(config, topology, argv, merged, inbox, status=status)
+        return supervise(config, topology, argv, merged, inbox, status=status, replan=replan)
     finally:
         if shared is not None:
             shared.close()

@@ -12,6 +12,9 @@ EXIT_TIMEOUT = 124
 #: ``--timeout`` with ``--time-limit-margin``): run it again to resume from its checkpoint
 #: (sysexits.h's EX_TEMPFAIL, "try again later"; ``--requeue-on-timeout`` does it).
 EXIT_TIME_LIMIT = 75
+#: Hosts were lost and fewer than ``--min-hosts`` remain (without ``--min-hosts``: any host
+#: lost while the job ran); the checkpoint is left as it was (sysexits.h's EX_UNAVAILABLE).
+EXIT_HOSTS_LOST = 69
 #: mpirun itself could not be started or vanished without a status.
 EXIT_LAUNCH_FAILED = 1
 

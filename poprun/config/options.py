@@ -353,6 +353,15 @@ OPTIONS: tuple[Option, ...] = (
         "relaunch the whole job up to N times after an instance fails (resume from a checkpoint)",
         attribute="max_restarts",
     ),
+    _count(
+        "min_hosts",
+        "when hosts are lost and at least N remain, launch the job again on the rest: the "
+        "same replicas, more on each instance (see docs/elastic.md; exit 69 below N)",
+    ),
+    _yes_no(
+        "readmit",
+        "with --min-hosts: a lost host that answers again rejoins at the next checkpoint",
+    ),
     Option(
         "hang_timeout",
         parse_seconds,

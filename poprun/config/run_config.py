@@ -65,6 +65,9 @@ class RunConfig:
     host_subnet: str | None = None
     timeout: float | None = None
     max_restarts: int = 0
+    #: ``--min-hosts`` (None: every host is needed) and ``--readmit`` (:mod:`poprun.run.membership`).
+    min_hosts: int | None = None
+    readmit: bool = False
     #: ``--hang-timeout`` (None: off) and ``--on-hang`` (:mod:`poprun.run.progress`).
     hang_timeout: float | None = None
     on_hang: str = "kill"
@@ -287,6 +290,27 @@ def _merge(cli: Mapping[str, Any], file_values: Mapping[str, Any] | None) -> dic
     return merged
 
 
+def _check_membership(values: Mapping[str, Any], hosts: tuple[str, ...]) -> None:
+    """``--min-hosts`` needs hosts to lose and at most their number; ``--readmit`` needs it."""
+    least = values.get("min_hosts")
+    if least is not None:
+        if len(hosts) < 2:
+            raise PoprunError(
+                "--min-hosts", least, "needs a job across hosts",
+                "give two or more hosts (-H/--host or --host-file), or leave --min-hosts out",
+            )  # fmt: skip
+        if least > len(hosts):
+            raise PoprunError(
+                "--min-hosts", least, f"is more than the job's {len(hosts)} hosts",
+                f"use --min-hosts {len(hosts)} or fewer",
+            )  # fmt: skip
+    if values.get("readmit") and least is None:
+        raise PoprunError(
+            "--readmit", "yes", "needs --min-hosts (a host must be left out to come back)",
+            "add --min-hosts N, or leave --readmit out",
+        )  # fmt: skip
+
+
 def build(
     cli: Mapping[str, Any],
     program: tuple[str, ...],
@@ -327,6 +351,7 @@ def build(
             "add --status-port PORT (0 picks a free port), or leave --status-address out",
         )
     _check_time_limit(values, environ)
+    _check_membership(values, hosts)
     # Remote-only runs cannot check the program here; the hosts must mirror local paths.
     if (require_program or program) and (not program or not hosts or any(map(is_local, hosts))):
         _check_program(program, environ)

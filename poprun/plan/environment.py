@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from popdist import env as contract
 from poprun.config.run_config import RunConfig
 from poprun.plan.devices import VISIBLE_DEVICES, instance_devices
+from poprun.plan.hosts import is_local
 from poprun.plan.topology import InstancePlan
 
 #: Never forwarded: shell functions, the shell's bookkeeping, the launcher's own variables
@@ -78,6 +79,10 @@ def shared_values(config: RunConfig) -> dict[str, str]:
         values[contract.PROGRESS_STACKS] = f"{config.hang_timeout / 2:g}"
     if config.executable_cache_path:
         values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
+    if config.min_hosts is not None:  # the supervisor sets it at each launch
+        values[contract.GENERATION] = "0"
+    if any(not is_local(host) for host in config.hosts):  # the supervisor's lease server
+        values[contract.LEASE] = ""
     return values
 
 
@@ -88,6 +93,12 @@ def instance_values(
 
     ``device_pool`` is the user's ``CUDA_VISIBLE_DEVICES`` list (``None``: ordinals).
     """
+    uneven: dict[str, int] = {}
+    if config.num_replicas % config.num_instances:  # hosts lost: some instances get one more
+        uneven = {
+            "num_local_replicas": plan.num_local_replicas,
+            "replica_index_offset": plan.replica_offset,
+        }
     values = contract.instance_environment(
         num_total_replicas=config.num_replicas,
         num_ipus_per_replica=config.ipus_per_replica,
@@ -97,6 +108,7 @@ def instance_values(
         num_local_instances=plan.num_local_instances,
         host=plan.host,
         offline_mode=config.offline_mode,
+        **uneven,  # type: ignore[arg-type]  # the contract's per-instance counts (issue 31)
     )  # the cache path is shared: it goes by name (shared_values)
     values[VISIBLE_DEVICES] = instance_devices(plan, device_pool)
     return values

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ def plan(config: RunConfig, numa_nodes: Mapping[str, int] | None = None) -> Topo
         for host, count in zip(hosts, counts, strict=True)
         for local in range(count)
     ]
-    local_replicas = config.num_local_replicas
+    split = split_replicas(config.num_replicas, len(placed))
     instances = []
     for index, (host, per_host, local_index) in enumerate(placed):
         nodes = (numa_nodes or {}).get(host, 1)
@@ -88,8 +89,8 @@ def plan(config: RunConfig, numa_nodes: Mapping[str, int] | None = None) -> Topo
                 host=host,
                 local_index=local_index,
                 num_local_instances=per_host,
-                replica_offset=index * local_replicas,
-                num_local_replicas=local_replicas,
+                replica_offset=sum(split[:index]),
+                num_local_replicas=split[index],
                 ipus_per_replica=config.ipus_per_replica,
                 numa_nodes=numa,
             )
@@ -100,6 +101,21 @@ def plan(config: RunConfig, numa_nodes: Mapping[str, int] | None = None) -> Topo
         explicit_hosts=bool(config.hosts),
         allocation=config.allocation,
     )
+
+
+def split_replicas(replicas: int, instances: int) -> tuple[int, ...]:
+    """Replicas on each instance, contiguous: the same number each, and where that does not
+    divide, the first ``replicas % instances`` instances get one more."""
+    share, more = divmod(replicas, instances)
+    return tuple(share + (index < more) for index in range(instances))
+
+
+def on_hosts(config: RunConfig, hosts: tuple[str, ...]) -> RunConfig:
+    """The run on ``hosts`` only (hosts lost, :mod:`poprun.run.membership`): the same
+    replicas, the same instances on each host kept, so more replicas on each instance."""
+    counts = config.host_counts or (config.num_instances // len(config.hosts),) * len(config.hosts)
+    kept = tuple(n for host, n in zip(config.hosts, counts, strict=True) if host in hosts)
+    return dataclasses.replace(config, hosts=hosts, host_counts=kept, num_instances=sum(kept))
 
 
 def local_numa_node_count() -> int:
@@ -150,7 +166,7 @@ def render(topology: Topology) -> str:
         return "| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) + " |"
 
     first = topology.instances[0]
-    total = len(topology.instances) * first.num_local_replicas
+    total = sum(plan.num_local_replicas for plan in topology.instances)
     title = (
         f"poprun topology: {len(topology.hosts)} host(s), {len(topology.instances)} instance(s), "
         f"{total} replica(s), {first.ipus_per_replica} device(s) per replica"

@@ -20,8 +20,10 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from poprun.errors import EXIT_HOSTS_LOST
 from poprun.run import verdict
 from poprun.run.evidence import ExitRecord, Failure
+from poprun.run.membership.members import Membership
 from poprun.run.progress.hang import Hang, HangWatch
 from poprun.run.time_limit import NOTICE_SIGNAL, TimeLimit
 from poprun.run.verdict import InstanceResult, RunResult, decide, ended_at_time_limit
@@ -70,6 +72,8 @@ class Do(enum.Enum):
     DESYNC = "desync"
     #: Send mpirun ``signum`` (SIGUSR1), which it forwards to every instance: save now.
     NOTIFY = "notify"
+    #: A host is lost (:mod:`poprun.run.membership`): say so, end the job as at the time-out.
+    HOST_LOST = "host-lost"
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class Ending:
     restart: str = ""
     #: Put the Slurm job back in the queue (``--requeue-on-timeout``, after the time limit).
     requeue: bool = False
+    #: Launch again on these hosts (a host was lost: ``--min-hosts``); empty: the same ones.
+    hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,8 @@ class _Attempt:
     #: Ended on a verdict of the progress board (:mod:`poprun.run.progress`).
     hung: bool = False
     desynced: bool = False
+    #: Ended because a host was lost (:mod:`poprun.run.membership`).
+    lost: bool = False
 
 
 class EndingPolicy:
@@ -154,6 +162,7 @@ class EndingPolicy:
         #: How long mpirun gets to end the job itself (longer across hosts).
         self.grace_s = REMOTE_GRACE_S if remote else GRACE_S
         self.hang = HangWatch()  # --hang-timeout, --on-hang: the supervisor sets them
+        self.membership: Membership | None = None  # a job across hosts: the supervisor sets it
         #: Restarts used so far.
         self.restarts = 0
         self.now = _Attempt()
@@ -273,7 +282,7 @@ class EndingPolicy:
         if now.kill_at is not None and t >= now.kill_at and now.returncode is None:
             actions.append(self._escalate(t))
         if now.started and now.returncode is None:
-            actions += _hang_actions(self, t)
+            actions += _lost_actions(self, t) + _hang_actions(self, t)
         if now.drain_until is not None and t >= now.drain_until:
             now.reading = False
             actions.append(Action(Do.STOP_READING, "mpirun has exited; its output did not end"))
@@ -331,6 +340,8 @@ class EndingPolicy:
             or now.desynced
             or bool(self.time_limit.noticed)
         )
+        if self.membership is not None and self.membership.losses and not now.signals:
+            return _after_loss(self, self.membership)
         if ended_at_time_limit(result):
             return Ending(code, report, requeue=self.time_limit.requeue)
         if code == 0 or ended_by_poprun or self.restarts >= self.max_restarts:
@@ -393,6 +404,29 @@ def _time_limit_actions(policy: EndingPolicy, t: float) -> list[Action]:
         now.kill_at = policy._sooner(now.kill_at, t + policy.grace_s)
         actions.append(Action(Do.TIME_OUT, stop))
     return actions
+
+
+def _lost_actions(policy: EndingPolicy, t: float) -> list[Action]:
+    """A host lost while the job runs: name it, end the job as at the time-out (its
+    instances wait for the lost ones in a collective: there is nothing to wait for)."""
+    losses = policy.membership.take_losses() if policy.membership is not None else []
+    if not losses or policy.now.lost:
+        return []
+    policy.now.lost = True
+    policy.now.kill_at = policy._sooner(policy.now.kill_at, t + GRACE_S)
+    named = "; ".join(f"{loss.host}: {loss.why}" for loss in losses)
+    return [Action(Do.HOST_LOST, f"lost host {named}: ending what is left of the job")]
+
+
+def _after_loss(policy: EndingPolicy, membership: Membership) -> Ending:
+    """After an attempt that lost hosts: launch again on the rest (a new attempt, not a
+    restart: ``--max-restarts`` is not used up), or end with :data:`EXIT_HOSTS_LOST`."""
+    membership.take_losses()
+    following = membership.relaunch()
+    if not following.hosts:
+        return Ending(EXIT_HOSTS_LOST, following.line)
+    policy.now = _Attempt()
+    return Ending(EXIT_HOSTS_LOST, "", restart=following.line, hosts=following.hosts)
 
 
 def _hang_actions(policy: EndingPolicy, t: float) -> list[Action]:

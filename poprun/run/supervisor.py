@@ -23,14 +23,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from popdist import env as contract
 from poprun import log
 from poprun.config.run_config import RunConfig
 from poprun.plan.hosts import is_local
 from poprun.plan.topology import Topology
-from poprun.run.ending import Action, Do, EndingPolicy, Evidence
+from poprun.run.ending import Action, Do, Ending, EndingPolicy, Evidence
+from poprun.run.evidence import ExitRecord
+from poprun.run.membership.lease import LeaseServer, facing_address
+from poprun.run.membership.members import Membership
+from poprun.run.membership.watch import HostWatch, probe_command
 from poprun.run.output.fifos import DirectOutput, enlarge_pipe
 from poprun.run.output.router import JobOutput
 from poprun.run.output.tags import TagDemux
@@ -56,6 +61,10 @@ class Feed(Protocol):
     def close(self) -> None: ...
 
 
+#: Plans the job on fewer hosts: (topology, mpirun argv) (:func:`poprun.cli`).
+Replan = Callable[[tuple[str, ...]], tuple[Topology, list[str]]]
+
+
 def supervise(
     config: RunConfig,
     topology: Topology,
@@ -64,6 +73,7 @@ def supervise(
     inbox: SignalInbox,
     *,
     status: StatusServer | None = None,
+    replan: Replan | None = None,
 ) -> int:
     """Run the job, print the report the ending policy gives, return the exit code.
 
@@ -71,8 +81,41 @@ def supervise(
 
     With ``--max-restarts N``, the policy launches a job that failed (not one ended by a
     signal poprun received, nor by ``--timeout``) again, up to N times; the program resumes
-    from its checkpoint (``popdist_torch.checkpoint.resume_checkpoint``).
+    from its checkpoint (``popdist_torch.checkpoint.resume_checkpoint``). A job across hosts
+    is watched host by host (:mod:`poprun.run.membership`); with ``--min-hosts``, one that
+    lost hosts is launched again on the rest (``replan``).
     """
+    policy = _policy(config, topology, env)
+    env = with_secret(env)  # the instances' progress records carry it
+    watch = _watch_hosts(config, topology, env, policy)
+    try:
+        while True:
+            attempt = Supervisor(config, topology, argv, _generation(env, policy), policy, inbox)
+            attempt.watch = watch
+            if watch is not None:
+                watch.attach(topology.instances, attempt.board.snapshot)
+            if status is not None:
+                status.live.attach(
+                    attempt.board.snapshot,
+                    instances=len(topology.instances),
+                    started=time.monotonic(),
+                )
+            evidence = attempt.run()
+            if watch is not None and config.min_hosts is not None:
+                _judge_hosts(policy, watch, topology, evidence)
+            ending = policy.ending(evidence)
+            attempt.progress_view.print_report()  # the per-instance table, the straggler
+            _report(ending, env)
+            if not ending.restart:
+                return ending.code
+            if ending.hosts and replan is not None:
+                topology, argv = replan(ending.hosts)
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+def _policy(config: RunConfig, topology: Topology, env: Mapping[str, str]) -> EndingPolicy:
     remote = any(not is_local(plan.host) for plan in topology.instances)
     limit = plan_time_limit(
         config.time_limit_margin, config.requeue_on_timeout, env, time.monotonic
@@ -87,28 +130,76 @@ def supervise(
         time_limit=limit,
     )
     policy.hang = HangWatch(config.hang_timeout, config.on_hang)
-    env = with_secret(env)  # the instances' progress records carry it
-    while True:
-        attempt = Supervisor(config, topology, argv, env, policy, inbox)
-        if status is not None:
-            status.live.attach(
-                attempt.board.snapshot, instances=len(topology.instances), started=time.monotonic()
-            )
-        ending = policy.ending(attempt.run())
-        attempt.progress_view.print_report()  # the per-instance table, the straggler
-        if ending.report:
-            sys.stderr.write(ending.report + "\n")
-        if ending.requeue:  # the line first: Slurm may end poprun as it requeues the job
-            sys.stderr.write(requeuing(env) + "\n")
-            sys.stderr.flush()
-            failed = requeue(env)
-            if failed:
-                sys.stderr.write(failed + "\n")
-        if not ending.restart:
-            sys.stderr.flush()
-            return ending.code
-        sys.stderr.write(ending.restart + "\n")
+    return policy
+
+
+def _report(ending: Ending, env: Mapping[str, str]) -> None:
+    """The ending's report, the requeue, the restart line, on stderr."""
+    if ending.report:
+        sys.stderr.write(ending.report + "\n")
+    if ending.requeue:  # the line first: Slurm may end poprun as it requeues the job
+        sys.stderr.write(requeuing(env) + "\n")
         sys.stderr.flush()
+        failed = requeue(env)
+        if failed:
+            sys.stderr.write(failed + "\n")
+    if ending.restart:
+        sys.stderr.write(ending.restart + "\n")
+    sys.stderr.flush()
+
+
+def _watch_hosts(
+    config: RunConfig, topology: Topology, env: dict[str, str], policy: EndingPolicy
+) -> HostWatch | None:
+    """A job across hosts: its membership, the probes, the lease (``env`` gets its address)."""
+    remote = [host for host in topology.hosts if not is_local(host)]
+    if not remote:
+        return None
+    launch = next((host for host in topology.hosts if is_local(host)), None)
+    membership = Membership(
+        topology.hosts,
+        time.monotonic,
+        launch_host=launch,
+        min_hosts=config.min_hosts,
+        readmit=config.readmit,
+    )
+    policy.membership = membership
+    lease = None
+    address = facing_address(remote)
+    if address is not None:
+        lease = LeaseServer(address, env[contract.PROGRESS])
+        env[contract.LEASE] = lease.address
+    else:
+        log.warning(f"no address of this host reaches {remote[0]}: the instances hold no lease")
+    return HostWatch(membership, probe_command(config.global_args(), env), lease)
+
+
+def _generation(env: Mapping[str, str], policy: EndingPolicy) -> dict[str, str]:
+    """mpirun's environment for this attempt: the membership's generation (``--min-hosts``)."""
+    if policy.membership is None or contract.GENERATION not in env:
+        return dict(env)
+    return {**env, contract.GENERATION: str(policy.membership.generation)}
+
+
+def _judge_hosts(
+    policy: EndingPolicy, watch: HostWatch, topology: Topology, evidence: Evidence
+) -> None:
+    """After an attempt that failed by itself (``--min-hosts``): which hosts are lost? Those
+    that do not answer, and one whose instances were all killed by a signal and which holds
+    the first failure (something there kills the job: launching there again would not help)."""
+    now = policy.now
+    if now.signals or now.timed_out or now.lost or now.returncode in (0, None):
+        return
+    watch.probe_now(watch.membership.watched())
+    hosts = {plan.index: plan.host for plan in topology.instances}
+    failed = [(i, r) for i, r in now.reports if r.failed]
+    if not failed:
+        return
+    first_host = hosts.get(failed[0][0])
+    on_host = [plan.index for plan in topology.instances if plan.host == first_host]
+    ended = dict(failed)
+    if first_host is not None and all(ended.get(i, ExitRecord(0)).returncode < 0 for i in on_host):
+        watch.membership.killed(first_host, [-ended[i].returncode for i in on_host])
 
 
 def _start_mpirun(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
@@ -188,6 +279,7 @@ class Supervisor:
         self._demux: dict[int, Feed] = {}
         self._wake: socket.socket | None = None
         self.progress_view = ProgressView(self.board.snapshot, len(topology.instances))
+        self.watch: HostWatch | None = None  # a job across hosts (poprun.run.membership)
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -275,12 +367,14 @@ class Supervisor:
                 self._take_signals(proc)
                 self._take_job_control()
                 self.progress_view.answer(self.inbox.summaries)  # SIGUSR1/SIGUSR2: the live table
+                if self.watch is not None and proc.returncode is None:
+                    self.watch.tick()  # what each host was heard from, its probes
                 self._carry_out(proc, self.policy.due())
                 if not self.policy.reading:
                     break
                 if proc.returncode is None:
                     self.procs.watch_for_orphans()
-                for key, _ in selector.select(self._wait_s()):
+                for key, _ in selector.select(_wait_s(self)):
                     if key.fd == pidfd:
                         selector.unregister(pidfd)
                         self._carry_out(proc, self.policy.mpirun_exited(proc.wait()))
@@ -293,15 +387,6 @@ class Supervisor:
                 sys.stderr.flush()
         finally:
             self._finish(proc, pidfd)
-
-    def _wait_s(self) -> float | None:
-        """Until the policy's next deadline (in steps), or the orphan check's."""
-        wait = self.policy.wait_s()
-        orphans_at = self.procs.orphans_at
-        if orphans_at is not None:
-            until = max(0.0, orphans_at - time.monotonic())
-            wait = until if wait is None else min(wait, until)
-        return wait
 
     def _take_signals(self, proc: subprocess.Popen[bytes] | None) -> None:
         """Hand the signals received since the last look to the policy."""
@@ -378,7 +463,11 @@ class Supervisor:
                 _send(proc.pid, action.signum)  # mpirun forwards it to every instance
             elif action.do in DIAGNOSES and not self.progress.carry_out(action):
                 pass  # a note, or --on-hang=report: printed, the job goes on
-            elif action.do is Do.TIME_OUT or action.do in DIAGNOSES:  # ends as at --timeout
+            elif (
+                action.do in (Do.TIME_OUT, Do.HOST_LOST) or action.do in DIAGNOSES
+            ):  # ends as at --timeout
+                if action.do is Do.HOST_LOST:
+                    log.warning(action.why)
                 self._still_running = self.procs.running()
                 _send(proc.pid, signal.SIGTERM)
                 self.procs.signal_instances(signal.SIGTERM)
@@ -398,3 +487,14 @@ class Supervisor:
                     self._on_ready(fd)  # opened reads as closed: done
             else:
                 log.debug(action.why)
+
+
+def _wait_s(supervisor: Supervisor) -> float | None:
+    """Until the policy's next deadline (in steps), the orphan check's, or the host watch's."""
+    waits = [supervisor.policy.wait_s()]
+    orphans_at = supervisor.procs.orphans_at
+    if orphans_at is not None:
+        waits.append(max(0.0, orphans_at - time.monotonic()))
+    if supervisor.watch is not None:
+        waits.append(supervisor.watch.wait_s())
+    return min((w for w in waits if w is not None), default=None)

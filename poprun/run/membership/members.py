@@ -1,0 +1,235 @@
+"""Membership (pure): which hosts are in the job, its generation, the hosts lost and readmitted.
+
+A job across hosts keeps one :class:`Membership` for its whole life (every attempt). The
+supervisor's side (:mod:`poprun.run.host_watch`) tells it when a host was last heard from (a
+progress record or a lease heartbeat from any instance there) and how each probe of a host
+ended (does it answer ssh?); the membership says which hosts to probe, and when a host is
+*lost*. The ending policy (:mod:`poprun.run.ending`) ends the job on a loss and asks
+:meth:`Membership.relaunch` what comes next: the job again on the hosts left (generation + 1),
+or the end of the job (fewer than ``--min-hosts`` left).
+
+A host is lost when
+
+- it has been silent for :data:`SILENT_S` (no record from any instance there) *and* it does
+  not answer a probe: a silent host that answers is slow or busy (a long evaluation, a C call
+  that holds the GIL), never lost; the hang clock (``--hang-timeout``) judges it as before;
+- or, after an attempt failed, it does not answer, or its instances were all killed by a
+  signal and hold the job's first failure (:meth:`Membership.killed`).
+
+The launch host is never watched: poprun runs there, so its loss is poprun's, and it ends
+the job (as torchrun's rendezvous host or Horovod's driver do).
+
+A host lost :data:`MAX_LOSSES` times is left out for the rest of the job, even with
+``--readmit``.
+
+Reads time only from the clock it is given: its unit tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+#: No record from any instance of a host for this long: ask the host whether it is there.
+SILENT_S = 3.0
+#: While a silent host answers, ask it again this often.
+PROBE_EVERY_S = 3.0
+#: How often a lost host is asked whether it answers again (``--readmit``).
+READMIT_EVERY_S = 5.0
+#: K: a host lost this many times is left out for the rest of the job (``--readmit``).
+MAX_LOSSES = 2
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One host lost: which, why (one phrase), and when (the membership's clock)."""
+
+    host: str
+    why: str
+    at: float
+
+
+@dataclass(frozen=True)
+class Next:
+    """What comes after an attempt that lost hosts (:meth:`Membership.relaunch`)."""
+
+    #: The hosts of the next attempt, in the original order (empty: the job ends).
+    hosts: tuple[str, ...]
+    generation: int
+    #: One line for poprun's stderr: what was lost and what happens now.
+    line: str
+
+
+@dataclass
+class _Host:
+    heard_at: float = 0.0
+    probing: bool = False
+    probed_at: float | None = None
+    losses: int = 0
+    #: Lost now (out of the job until readmitted).
+    out: bool = False
+    #: Answered again since it was lost (``--readmit``): it rejoins at the next checkpoint.
+    back: bool = False
+
+
+@dataclass
+class Membership:
+    """Who is in the job; decisions from events and ``clock`` (monotonic seconds)."""
+
+    hosts: tuple[str, ...]
+    clock: Callable[[], float]
+    #: The host poprun runs on (never watched: its loss is poprun's), if it is one of ``hosts``.
+    launch_host: str | None = None
+    #: ``--min-hosts`` (None: every host is needed, a loss ends the job).
+    min_hosts: int | None = None
+    readmit: bool = False
+    max_losses: int = MAX_LOSSES
+    generation: int = 0
+    members: tuple[str, ...] = ()
+    _state: dict[str, _Host] = field(default_factory=dict)
+    _losses: list[Loss] = field(default_factory=list)  # this attempt's, in order
+    _taken: int = 0
+
+    def __post_init__(self) -> None:
+        self.members = self.members or self.hosts
+        self._state = {host: _Host(heard_at=self.clock()) for host in self.hosts}
+
+    # --- events -------------------------------------------------------------------------
+
+    def launched(self) -> None:
+        """An attempt started on :attr:`members`: their silence counts from now."""
+        now = self.clock()
+        for host in self.members:
+            state = self._state[host]
+            state.heard_at, state.probing, state.probed_at = now, False, None
+        self._losses, self._taken = [], 0
+
+    def heard(self, host: str, at: float | None = None) -> None:
+        """Something of ``host``'s instances reached poprun (at ``at``, default now)."""
+        state = self._state.get(host)
+        if state is not None:
+            state.heard_at = max(state.heard_at, self.clock() if at is None else at)
+
+    def answered(self, host: str, ok: bool, why: str = "") -> None:
+        """A probe of ``host`` ended: it answered (``ok``) or not (``why``)."""
+        state = self._state[host]
+        state.probing, state.probed_at = False, self.clock()
+        if state.out:
+            state.back = ok and self.readmit and state.losses < self.max_losses
+        elif not ok and host in self.members:
+            self.lose(host, f"it does not answer ({why})" if why else "it does not answer")
+
+    def lose(self, host: str, why: str) -> None:
+        """``host`` is lost (once per attempt)."""
+        state = self._state.get(host)
+        if state is None or state.out or host not in self.members or host == self.launch_host:
+            return
+        state.out, state.back = True, False
+        state.losses += 1
+        self._losses.append(Loss(host, why, self.clock()))
+
+    def killed(self, host: str, signals: Iterable[int]) -> None:
+        """After a failed attempt: every instance of ``host`` ended by these signals and it
+        holds the first failure, so the host is lost (something there kills the job)."""
+        names = ", ".join(sorted({_signal_name(s) for s in signals}))
+        self.lose(host, f"its instances were killed ({names})")
+
+    # --- questions ----------------------------------------------------------------------
+
+    def watched(self) -> tuple[str, ...]:
+        """The members poprun watches: all but the launch host."""
+        return tuple(h for h in self.members if h != self.launch_host)
+
+    def to_probe(self) -> list[str]:
+        """Hosts to ask now (each is then marked as being asked until :meth:`answered`)."""
+        now = self.clock()
+        due = []
+        for host in self.hosts:
+            state = self._state[host]
+            if state.probing or host == self.launch_host:
+                continue
+            if state.out:
+                wanted = self.readmit and not state.back and state.losses < self.max_losses
+                every = READMIT_EVERY_S
+            else:
+                wanted = host in self.members and now - state.heard_at >= SILENT_S
+                every = PROBE_EVERY_S
+            if wanted and (state.probed_at is None or now - state.probed_at >= every):
+                state.probing = True
+                due.append(host)
+        return due
+
+    def silent_for(self, host: str) -> float:
+        """Seconds since ``host`` was last heard from."""
+        return self.clock() - self._state[host].heard_at
+
+    def take_losses(self) -> list[Loss]:
+        """The losses since the last call."""
+        new = self._losses[self._taken :]
+        self._taken = len(self._losses)
+        return new
+
+    @property
+    def losses(self) -> tuple[Loss, ...]:
+        """This attempt's losses, in order."""
+        return tuple(self._losses)
+
+    def returning(self) -> tuple[str, ...]:
+        """Lost hosts that answer again and may rejoin (``--readmit``)."""
+        return tuple(h for h in self.hosts if self._state[h].out and self._state[h].back)
+
+    def times_lost(self, host: str) -> int:
+        return self._state[host].losses
+
+    def next_time(self) -> float | None:
+        """When :meth:`to_probe` may next have something to do (None: nothing to wait for)."""
+        times = []
+        for host in self.hosts:
+            state = self._state[host]
+            if state.probing or host == self.launch_host:
+                continue
+            if state.out:
+                if self.readmit and not state.back and state.losses < self.max_losses:
+                    times.append((state.probed_at or 0.0) + READMIT_EVERY_S)
+            elif host in self.members:
+                at = state.heard_at + SILENT_S
+                if state.probed_at is not None:
+                    at = max(at, state.probed_at + PROBE_EVERY_S)
+                times.append(at)
+        return min(times, default=None)
+
+    def relaunch(self, *, readmitting: bool = False) -> Next:
+        """After an attempt that lost hosts (or stopped to readmit some): where next.
+
+        The hosts left, in their original order, when at least ``--min-hosts`` remain
+        (generation + 1); else no hosts: the job ends (:data:`poprun.errors.EXIT_HOSTS_LOST`).
+        """
+        lost = [loss.host for loss in self._losses]
+        back = self.returning() if readmitting else ()
+        left = tuple(h for h in self.hosts if (h in self.members and h not in lost) or h in back)
+        named = ", ".join(f"{loss.host} ({loss.why})" for loss in self._losses)
+        need = len(self.hosts) if self.min_hosts is None else self.min_hosts
+        if len(left) < need:
+            option = f"--min-hosts={self.min_hosts}" if self.min_hosts else "no --min-hosts"
+            return Next(
+                (), self.generation, f"poprun: lost host {named}: {len(left)} host(s) left, "
+                f"fewer than the job needs ({option}): ending the job",
+            )  # fmt: skip
+        for host in back:
+            self._state[host].out = self._state[host].back = False
+        self.generation += 1
+        self.members = left
+        what = f"lost host {named}" if lost else f"readmitting {', '.join(back)}"
+        return Next(
+            left, self.generation, f"poprun: {what}: launching the job again on "
+            f"{', '.join(left)} (generation {self.generation})",
+        )  # fmt: skip
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,166 @@
+"""Membership (poprun.run.membership.members), driven by a fake clock: who is in the job,
+when a host is probed, when it is lost, what comes after, and re-admission."""
+
+from __future__ import annotations
+
+import pytest
+
+from poprun.errors import EXIT_HOSTS_LOST
+from poprun.plan.topology import split_replicas
+from poprun.run.ending import Do, EndingPolicy, Evidence
+from poprun.run.membership.members import (
+    MAX_LOSSES,
+    PROBE_EVERY_S,
+    READMIT_EVERY_S,
+    SILENT_S,
+    Membership,
+)
+from tests.support.fakes import Clock, instances
+
+pytestmark = pytest.mark.unit
+
+HOSTS = ("h1", "h2", "h3")
+
+
+def _members(clock: Clock, **kw: object) -> Membership:
+    m = Membership(HOSTS, clock, launch_host="h1", **kw)  # type: ignore[arg-type]
+    m.launched()
+    return m
+
+
+def test_a_host_heard_from_is_never_probed() -> None:
+    clock = Clock()
+    m = _members(clock)
+    for _ in range(20):
+        clock.advance(1.0)
+        m.heard("h2")
+        m.heard("h3")
+        assert m.to_probe() == []
+
+
+def test_a_silent_host_is_probed_after_silent_s_and_again_while_it_answers() -> None:
+    clock = Clock()
+    m = _members(clock)
+    clock.advance(SILENT_S - 0.1)
+    m.heard("h2")
+    assert m.to_probe() == []
+    clock.advance(0.1)
+    assert m.to_probe() == ["h3"]  # h2 was heard 0.1 s ago; h1 (the launch host) never
+    assert m.to_probe() == []  # being asked
+    m.answered("h3", True)
+    assert m.losses == ()  # silent but answering: busy, not lost
+    clock.advance(PROBE_EVERY_S - 0.1)
+    m.heard("h2")
+    assert m.to_probe() == []
+    clock.advance(0.1)
+    assert m.to_probe() == ["h3"]
+
+
+def test_a_silent_host_that_does_not_answer_is_lost_once() -> None:
+    clock = Clock()
+    m = _members(clock, min_hosts=2)
+    clock.advance(SILENT_S)
+    m.heard("h2")
+    assert m.to_probe() == ["h3"]
+    m.answered("h3", False, "Connection timed out")
+    [loss] = m.take_losses()
+    assert (loss.host, loss.why) == ("h3", "it does not answer (Connection timed out)")
+    assert m.take_losses() == []
+    m.lose("h3", "again")  # already out this attempt
+    assert len(m.losses) == 1 and m.times_lost("h3") == 1
+
+
+def test_the_launch_host_is_never_lost() -> None:
+    m = _members(Clock())
+    m.lose("h1", "whatever")
+    assert m.losses == () and m.watched() == ("h2", "h3")
+
+
+def test_relaunch_on_the_rest_with_a_new_generation() -> None:
+    clock = Clock()
+    m = _members(clock, min_hosts=2)
+    m.killed("h3", [9])
+    following = m.relaunch()
+    assert following.hosts == ("h1", "h2") and following.generation == 1
+    assert "lost host h3 (its instances were killed (SIGKILL))" in following.line
+    assert m.members == ("h1", "h2") and m.watched() == ("h2",)
+    m.launched()
+    clock.advance(SILENT_S)
+    assert m.to_probe() == ["h2"]  # h3 is out: not watched (no --readmit)
+
+
+def test_below_min_hosts_the_job_ends() -> None:
+    m = _members(Clock(), min_hosts=3)
+    m.lose("h2", "it does not answer")
+    following = m.relaunch()
+    assert following.hosts == () and "fewer than the job needs (--min-hosts=3)" in following.line
+    m2 = _members(Clock())  # no --min-hosts: every host is needed
+    m2.lose("h3", "x")
+    assert m2.relaunch().hosts == () and "no --min-hosts" in m2.relaunch().line
+
+
+def test_next_time_is_the_next_silence_deadline() -> None:
+    clock = Clock()
+    m = _members(clock)
+    assert m.next_time() == clock() + SILENT_S
+    m.to_probe()  # nothing due yet
+    clock.advance(SILENT_S)
+    assert sorted(m.to_probe()) == ["h2", "h3"]
+    assert m.next_time() is None  # both being asked
+    m.answered("h2", True)
+    assert m.next_time() == clock() + PROBE_EVERY_S
+
+
+def test_readmission_after_a_lost_host_answers_again_until_k_losses() -> None:
+    clock = Clock()
+    m = _members(clock, min_hosts=2, readmit=True)
+    for round_ in range(1, MAX_LOSSES + 1):
+        m.lose("h3", "it does not answer")
+        m.relaunch()
+        m.launched()
+        clock.advance(READMIT_EVERY_S)
+        due = m.to_probe()
+        if round_ == MAX_LOSSES:  # lost K times: left out for the rest of the job
+            assert "h3" not in due and m.returning() == ()
+            break
+        assert "h3" in due
+        m.answered("h3", True)
+        assert m.returning() == ("h3",)
+        back = m.relaunch(readmitting=True)
+        assert back.hosts == HOSTS and "readmitting h3" in back.line
+        assert m.members == HOSTS
+
+
+def test_split_replicas_gives_the_first_instances_one_more() -> None:
+    assert split_replicas(6, 3) == (2, 2, 2)
+    assert split_replicas(6, 4) == (2, 2, 1, 1)
+    assert split_replicas(7, 2) == (4, 3)
+
+
+def test_the_policy_ends_the_job_on_a_loss_and_relaunches_on_the_rest() -> None:
+    clock = Clock()
+    policy = EndingPolicy(clock, remote=True, max_restarts=0)
+    policy.membership = m = _members(clock, min_hosts=2)
+    policy.launched()
+    clock.advance(SILENT_S)
+    m.to_probe()
+    m.answered("h3", False, "Connection refused")
+    [action] = [a for a in policy.due() if a.do is Do.HOST_LOST]
+    assert "lost host h3: it does not answer (Connection refused)" in action.why
+    assert policy.due() == []  # named once
+    policy.mpirun_exited(143)
+    ending = policy.ending(Evidence(instances=instances(3)))
+    assert ending.hosts == ("h1", "h2") and "generation 1" in ending.restart
+    assert policy.restarts == 0  # a membership change is not a restart
+
+
+def test_the_policy_ends_with_exit_hosts_lost_below_min_hosts() -> None:
+    clock = Clock()
+    policy = EndingPolicy(clock, remote=True, max_restarts=5)
+    policy.membership = m = _members(clock, min_hosts=3)
+    policy.launched()
+    m.lose("h2", "it does not answer")
+    policy.due()
+    policy.mpirun_exited(143)
+    ending = policy.ending(Evidence(instances=instances(3)))
+    assert ending.code == EXIT_HOSTS_LOST == 69 and not ending.restart
