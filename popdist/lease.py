@@ -117,18 +117,44 @@ def _end(why: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+    daemon = _ancestor("orted")  # on another host: Open MPI's daemon there, cut off too
+    if daemon is not None:
+        os.kill(daemon, signal.SIGTERM)  # it ends what it started there, then itself
     group = os.getpgrp()
-    if group != os.getpid() and _leader_is_launcher(group):
+    if group != os.getpid() and _command(group) in _LAUNCHERS:
         group = 0
     if group:
         os.killpg(group, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _leader_is_launcher(group: int) -> bool:
-    """Whether the process group belongs to Open MPI's own processes (never kill those)."""
+#: Open MPI's own processes: never in the group the instance kills.
+_LAUNCHERS = ("orted", "mpirun", "orterun", "prterun")
+
+
+def _command(pid: int) -> str:
     try:
-        with open(f"/proc/{group}/comm") as handle:
-            return handle.read().strip() in ("orted", "mpirun", "orterun", "prterun")
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
     except OSError:
-        return False
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _ancestor(name: str, depth: int = 4) -> int | None:
+    """The nearest ancestor called ``name`` (the wrappers sit between), within ``depth``."""
+    pid = os.getpid()
+    for _ in range(depth):
+        pid = _parent(pid)
+        if pid <= 1:
+            return None
+        if _command(pid) == name:
+            return pid
+    return None

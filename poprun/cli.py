@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
 
     The signal handlers go in first; in-process, the caller's are put back on every path.
     """
-    from poprun.run.signals import Interrupted, SignalInbox
+    from poprun.run.signals import Interrupted, SignalInbox, hold_until_exit
 
     inbox = SignalInbox().install()
     try:
@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if argv is not None:
             inbox.restore()
+        else:  # the command: one more Ctrl-C from here on cannot change how it ends
+            hold_until_exit()
 
 
 def _main(argv: list[str] | None, inbox: SignalInbox) -> int:

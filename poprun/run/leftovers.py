@@ -87,6 +87,17 @@ def left_behind(keep: set[int]) -> list[int]:
     return _tree([pid for pid in children(os.getpid()) if pid not in keep])
 
 
+def launch_connection(pid: int) -> bool:
+    """Whether ``pid`` is one of mpirun's own connections to a remote daemon (its launch
+    agent, ``ssh HOST ... orted ...``): poprun's connection, not something the job left."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            words = handle.read().split(b"\0")
+    except OSError:
+        return False
+    return any(b"orted" in word for word in words[1:]) and b"ssh" in words[0]
+
+
 def describe(pids: list[int]) -> str:
     """``"1234 (sleep), 1240 (python)"``."""
     names = []

@@ -30,6 +30,9 @@ ORPHAN_GRACE_S = 2.0
 #: mpirun's launchers, not something the job left behind, and killing them would leave their
 #: step to Slurm's own clean-up. They get this long once mpirun has gone.
 SCHEDULER_GRACE_S = 3.0
+#: mpirun's ssh connections to its remote daemons end by themselves a moment after it; they
+#: get this long before they are killed (and they are never reported as left behind).
+LAUNCH_GRACE_S = 1.0
 
 
 class JobProcesses:
@@ -115,13 +118,29 @@ class JobProcesses:
         if self.topology.allocation is not None and self.mpirun_pid not in keep:
             self._let_launchers_end(keep)
         found = leftovers.left_behind(keep)
+        # mpirun's own ssh connections to its daemons may outlive it by a moment: poprun's
+        # connections, not the job's leftovers (a clean run must not read like a clean-up)
+        ours = [pid for pid in found if leftovers.launch_connection(pid)]
+        deadline = time.monotonic() + LAUNCH_GRACE_S
+        while ours and len(ours) == len(found) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            self._reap_children(keep)
+            found = leftovers.left_behind(keep)
+            ours = [pid for pid in found if leftovers.launch_connection(pid)]
         if not found:
             return
-        described = leftovers.describe(found)
+        described = leftovers.describe([pid for pid in found if pid not in ours])
         killed = leftovers.kill_and_reap(keep)
-        log.info(f"killed what the job left behind: {described}")
-        if killed:
+        log.info(f"killed what the job left behind: {leftovers.describe(found)}")
+        if killed and described:
             self.left_behind.append(described)
+
+    @staticmethod
+    def _reap_children(keep: set[int]) -> None:
+        for pid in leftovers.children(os.getpid()):
+            if pid not in keep:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
 
     def _let_launchers_end(self, keep: set[int]) -> None:
         """Wait (at most :data:`SCHEDULER_GRACE_S`) for what mpirun left to end by itself."""

@@ -191,8 +191,11 @@ def _judge_hosts(
     if now.signals or now.timed_out or now.lost or now.returncode in (0, None):
         return
     watch.probe_now(watch.membership.watched())
+    if watch.membership.losses:  # a host that does not answer explains the failure
+        return
     hosts = {plan.index: plan.host for plan in topology.instances}
-    failed = [(i, r) for i, r in now.reports if r.failed]
+    before = now.reports[: now.reports_at_abort] if now.reports_at_abort else now.reports
+    failed = [(i, r) for i, r in before if r.failed]  # not those mpirun then ended
     if not failed:
         return
     first_host = hosts.get(failed[0][0])

@@ -235,3 +235,22 @@ def test_main_in_process_puts_the_callers_signal_handlers_back() -> None:
     )
     assert done.returncode == 0 and done.stdout.endswith("same\n"), done.stderr
     assert_no_descendants()
+
+
+def test_a_ctrl_c_as_poprun_exits_cannot_kill_it_by_sigint(tmp_path: Path) -> None:
+    """Once the command's ``main`` has its exit code, SIGINT/SIGTERM/SIGHUP are blocked:
+    Python's shutdown puts the default handlers back (``_PySignal_Fini``), and a second
+    Ctrl-C landing then used to kill poprun by SIGINT instead of letting it exit 130. The
+    shutdown is played here: the default handler back, then SIGINT."""
+    script = (
+        "import os, signal, sys\n"
+        "from poprun.cli import main\n"
+        "sys.argv = ['poprun', '--version']\n"
+        "code = main()\n"
+        "signal.signal(signal.SIGINT, signal.SIG_DFL)  # as the interpreter's shutdown does\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "print('still here', code, flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "still here 0" in done.stdout

@@ -243,24 +243,7 @@ class Hosts:
                 + "\n"
             )
             _run(sshd, "-t", "-f", str(d / "sshd_config"))
-            q = {k: shlex.quote(str(v)) for k, v in (
-                ("hosts", self.state / "hosts"), ("resolv", self.state / "resolv.conf"),
-                ("sshd", sshd), ("config", d / "sshd_config"), ("log", d / "sshd.log"),
-            )}  # fmt: skip
-            script = (
-                f"hostname {host} && mount --bind {q['hosts']} /etc/hosts && "
-                f"mount --bind {q['resolv']} /etc/resolv.conf && "
-                f"exec {q['sshd']} -D -f {q['config']} -E {q['log']}"
-            )
-            with open(d / "start.log", "wb") as log:
-                self._sshd[host] = subprocess.Popen(
-                    ["ip", "netns", "exec", self.namespace(host),
-                     "unshare", "--uts", "--mount", "/bin/sh", "-c", script],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=log,
-                    start_new_session=True,
-                )  # fmt: skip
+            self._launch_sshd(host)
         deadline = time.monotonic() + _READY_S
         for host, proc in self._sshd.items():
             pidfile = self.state / host / "sshd.pid"
@@ -274,6 +257,31 @@ class Hosts:
         failed = [text for text in checks if text]
         if failed:
             raise RuntimeError("; ".join(failed))
+
+    def _launch_sshd(self, host: str) -> None:
+        """Start ``host``'s sshd in its namespace, with its own hostname and /etc/hosts."""
+        sshd = _sshd_path()
+        assert sshd is not None
+        d = self.state / host
+        (d / "sshd.pid").unlink(missing_ok=True)
+        q = {k: shlex.quote(str(v)) for k, v in (
+            ("hosts", self.state / "hosts"), ("resolv", self.state / "resolv.conf"),
+            ("sshd", sshd), ("config", d / "sshd_config"), ("log", d / "sshd.log"),
+        )}  # fmt: skip
+        script = (
+            f"hostname {host} && mount --bind {q['hosts']} /etc/hosts && "
+            f"mount --bind {q['resolv']} /etc/resolv.conf && "
+            f"exec {q['sshd']} -D -f {q['config']} -E {q['log']}"
+        )
+        with open(d / "start.log", "wb") as log:
+            self._sshd[host] = subprocess.Popen(
+                ["ip", "netns", "exec", self.namespace(host),
+                 "unshare", "--uts", "--mount", "/bin/sh", "-c", script],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )  # fmt: skip
 
     def _check(self, host: str) -> str:
         done = subprocess.run(
@@ -349,6 +357,53 @@ class Hosts:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
         reap_children()
+
+    # --- faults -------------------------------------------------------------------------------
+
+    def cut(self, host: str, down: bool = True) -> None:
+        """Take ``host``'s port on the switch down (``down``) or up again: its link is cut
+        silently, no FIN, no RST; its processes and sshd run on, unreachable."""
+        _run("ip", "-n", self._switch, "link", "set", f"p{host}", "down" if down else "up")
+
+    def freeze(self, host: str, frozen: bool = True) -> None:
+        """SIGSTOP (``frozen``) or SIGCONT every process of ``host``, its sshd included: the
+        kernel still accepts connections there, nothing answers them."""
+        for pid in netns_pids(self.namespace(host)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+    def crash(self, host: str) -> None:
+        """SIGKILL every process of ``host``, its sshd included (ssh is then refused there)."""
+        for pid in netns_pids(self.namespace(host)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        reap_children()
+
+    def revive(self, host: str) -> None:
+        """Start ``host``'s sshd again after :meth:`crash` (its namespace stayed)."""
+        old = self._sshd[host]
+        with contextlib.suppress(ProcessLookupError):
+            old.kill()
+        old.wait()
+        self._launch_sshd(host)
+        pidfile = self.state / host / "sshd.pid"
+        deadline = time.monotonic() + _READY_S
+        while not pidfile.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {host} did not start again")
+            time.sleep(0.01)
+
+    def processes(self, host: str, word: str) -> list[int]:
+        """The live processes of ``host`` whose command line holds ``word``."""
+        found = []
+        for pid in netns_pids(self.namespace(host)):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if word.encode() in cmd:
+                found.append(pid)
+        return found
 
     # --- teardown -----------------------------------------------------------------------------
 

@@ -265,6 +265,18 @@ CASES: list[tuple[str, list[str], list[str]]] = [
      ["--time-limit-margin=30", "no deadline", "--timeout"]),
     ("requeue outside Slurm", ["--requeue-on-timeout", "true"],
      ["--requeue-on-timeout", "SLURM_JOB_ID is not set"]),
+    ("--min-hosts above the host count",
+     ["-H", "a,b", "--num-instances", "2", "--num-replicas", "2", "--min-hosts", "3", "true"],
+     ["--min-hosts=3", "more than the job's 2 hosts", "--min-hosts 2 or fewer"]),
+    ("--min-hosts zero", ["-H", "a,b", "--num-instances", "2", "--num-replicas", "2",
+     "--min-hosts", "0", "true"], ["--min-hosts=0", "positive"]),
+    ("--min-hosts not a number", ["--min-hosts", "two", "true"], ["--min-hosts=two", "integer"]),
+    ("--min-hosts on one host", ["--min-hosts", "1", "true"],
+     ["--min-hosts=1", "needs a job across hosts"]),
+    ("--readmit without --min-hosts",
+     ["-H", "a,b", "--num-instances", "2", "--num-replicas", "2", "--readmit", "true"],
+     ["--readmit=yes", "needs --min-hosts"]),
+    ("--readmit not yes or no", ["--readmit=maybe", "true"], ["--readmit=maybe"]),
 ]  # fmt: skip
 
 

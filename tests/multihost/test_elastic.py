@@ -1,0 +1,203 @@
+"""A lost host costs nothing (``--min-hosts``): h3 is lost in the middle of a run of 6
+replicas on h1-h3 (one instance each, a checkpoint after every step), in each of four ways;
+poprun names h3 within 10 s, launches the job again on h1 and h2 (3 replicas each) and ends
+with exit 0, with the uninterrupted run's samples (as a multiset, step by step) and weights
+(rtol 1e-5). One uninterrupted run is shared by every case. Also: the cut host's instance
+ends itself (the lease), below ``--min-hosts`` the job ends with exit 69 and its checkpoint
+intact, and a busy instance (a C call holding the GIL, a long evaluation) is no lost host.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from popdist_torch.checkpoint import read_checkpoint
+from tests.multihost.hosts import Hosts
+from tests.support.jobs import ROOT, job_env, poprun_argv
+
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
+
+PROGRAM = [sys.executable, str(ROOT / "tests" / "bin" / "elastic_train.py")]
+STEPS, FAULT_AFTER = "10", 3  # h3 is lost once it logged its third step
+LAUNCH = ["--num-instances", "3", "--num-replicas", "6", "-H", "h1,h2,h3"]
+DETECT_S, FENCE_S = 10.0, 15.0
+
+
+class Job:
+    """poprun started on h1 in its own session; each output line with its arrival time."""
+
+    def __init__(self, hosts: Hosts, *args: str) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            hosts.on("h1", poprun_argv(*args), cwd=str(ROOT)),
+            env=hosts.env(job_env()),
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line))
+
+    def wait(self, timeout: float = 240) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        self._reader.join(timeout=10)
+        return code
+
+    @property
+    def text(self) -> str:
+        return "".join(line for _, line in self.lines)
+
+    def first(self, words: str) -> float | None:
+        """When the first line holding ``words`` arrived."""
+        return next((at for at, line in self.lines if words in line), None)
+
+
+def samples(directory: Path) -> dict[int, collections.Counter[int]]:
+    """Each step's sample indices, from the newest generation that trained it."""
+    newest: dict[int, tuple[int, list[int]]] = {}
+    for path in (directory / "log").glob("*.g*"):
+        for line in path.read_text().splitlines():
+            step, generation, indices = line.split()
+            key, gen = int(step), int(generation)
+            if key not in newest or gen > newest[key][0]:
+                newest[key] = (gen, [])
+            if gen == newest[key][0]:
+                newest[key][1].extend(int(i) for i in indices.split(","))
+    return {step: collections.Counter(found) for step, (_, found) in newest.items()}
+
+
+def weights(directory: Path) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = torch.load(directory / "final.0.pt", weights_only=True)
+    return state
+
+
+def wait_for_step(job: Job, log: Path, step: int) -> None:
+    """Until instance 2 (on h3) logged ``step`` steps (the program's own record)."""
+    deadline = time.monotonic() + 180
+    while not (log.exists() and len(log.read_text().splitlines()) >= step):
+        assert job.proc.poll() is None, job.text
+        assert time.monotonic() < deadline, job.text
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def reference(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run, once for every case."""
+    directory = tmp_path_factory.mktemp("reference")
+    job = Job(hosts, *LAUNCH, *PROGRAM, str(directory), STEPS, "0")
+    assert job.wait() == 0, job.text
+    assert len(samples(directory)) == int(STEPS)
+    return directory
+
+
+def inject(hosts: Hosts, fault: str) -> None:
+    if fault == "killed":
+        for pid in hosts.processes("h3", "elastic_train.py"):
+            if b"poprun-instance" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+    elif fault == "crashed":
+        hosts.crash("h3")
+    elif fault == "cut":
+        hosts.cut("h3")
+    elif fault == "frozen":
+        hosts.freeze("h3")
+
+
+def heal(hosts: Hosts, fault: str) -> None:
+    if fault == "crashed":
+        hosts.revive("h3")
+    elif fault == "cut":
+        hosts.cut("h3", down=False)
+    elif fault == "frozen":
+        hosts.freeze("h3", frozen=False)
+
+
+@pytest.fixture
+def healed(clean_hosts: Hosts) -> Iterator[list[str]]:
+    """The faults a test injected, healed before the hosts are checked for leftovers."""
+    faults: list[str] = []
+    yield faults
+    for fault in faults:
+        heal(clean_hosts, fault)
+
+
+@pytest.mark.parametrize("fault", ["killed", "crashed", "cut", "frozen"])
+def test_a_lost_host_costs_nothing(
+    clean_hosts: Hosts, healed: list[str], reference: Path, tmp_path: Path, fault: str
+) -> None:
+    job = Job(clean_hosts, *LAUNCH, "--min-hosts", "2", *PROGRAM, str(tmp_path), STEPS)
+    log = tmp_path / "log" / "2.g0"
+    wait_for_step(job, log, FAULT_AFTER)
+    fault_at = time.monotonic()
+    inject(clean_hosts, fault)
+    healed.append(fault)
+    gone_at = None
+    if fault == "cut":  # fencing: the cut host's instance ends itself (its lease)
+        logged = log.read_text()
+        while clean_hosts.processes("h3", "elastic_train.py"):
+            assert time.monotonic() - fault_at < FENCE_S + 5, "the cut instance lives on"
+            time.sleep(0.1)
+        gone_at = time.monotonic()
+    code = job.wait()
+    assert code == 0, job.text
+    named = job.first("lost host h3")
+    assert named is not None, job.text
+    assert named - fault_at <= DETECT_S, f"named {named - fault_at:.1f} s after the fault"
+    assert "launching the job again on h1, h2 (generation 1)" in job.text
+    assert job.text.count("OK ") == 2, job.text
+    assert "left behind" not in job.text  # mpirun's own ssh connections are no leftovers
+    assert samples(tmp_path) == samples(reference)  # none skipped, none repeated
+    want, got = weights(reference), weights(tmp_path)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-7)
+    if gone_at is not None:
+        assert gone_at - fault_at <= FENCE_S, f"the cut instance lived {gone_at - fault_at:.1f} s"
+        assert log.read_text() == logged  # it trained (and saved) nothing after the cut
+
+
+def test_below_min_hosts_the_job_ends_with_69_and_its_checkpoint(
+    clean_hosts: Hosts, tmp_path: Path
+) -> None:
+    job = Job(clean_hosts, *LAUNCH, "--min-hosts", "3", *PROGRAM, str(tmp_path), STEPS)
+    wait_for_step(job, tmp_path / "log" / "2.g0", FAULT_AFTER)
+    inject(clean_hosts, "killed")
+    assert job.wait() == 69, job.text
+    assert "fewer than the job needs (--min-hosts=3): ending the job" in job.text
+    saved = read_checkpoint(tmp_path / "ckpt.pt")  # complete, verified
+    assert FAULT_AFTER <= saved["step"] < int(STEPS)
+    assert not list(tmp_path.glob(".ckpt.pt.tmp-*"))
+
+
+def test_a_busy_instance_is_no_lost_host(clean_hosts: Hosts) -> None:
+    """On h3: an 8 s C call that holds the GIL, then a 30 s evaluation, while the others
+    wait in a collective: h3 answers every probe, so nothing is lost."""
+    program = [sys.executable, str(ROOT / "tests" / "bin" / "busy_instance.py"), "8", "30"]
+    job = Job(clean_hosts, *LAUNCH, "--min-hosts", "2", *program)
+    assert job.wait() == 0, job.text
+    assert "lost host" not in job.text and "generation 1" not in job.text
+    assert job.text.count("BUSY DONE") == 3, job.text
