@@ -312,6 +312,34 @@ def _multihost() -> list[Goal]:
     return goals
 
 
+ELASTIC = "poprun --min-hosts 2"
+
+
+def _elastic() -> list[Goal]:
+    """Issue 31: per fault, detection ≤ 10 s, recovery ≤ detection + 8 s, at most the steps
+    since the last checkpoint recomputed (a checkpoint every step: 1)."""
+    goals = []
+    for fault in ("killed", "crashed", "cut", "frozen"):
+
+        def f(key: str, fault: str = fault) -> Figure:
+            return at("faults", fault, ELASTIC, key, "median")
+
+        goals += [
+            Goal(f"issue 31: h3 {fault}: poprun names it within 10 s", "elastic-benchmark",
+                 f("detection_s"), 10.0, "≤", "{a:.1f} s (median)", {"a": f("detection_s")},
+                 optional=True),
+            Goal(f"issue 31: h3 {fault}: first step on h1, h2 ≤ detection + 8 s",
+                 "elastic-benchmark", difference(f("recovery_s"), f("detection_s")), 8.0, "≤",
+                 "{r:.1f} s after the fault, {d:.1f} s after detection",
+                 {"r": f("recovery_s"), "d": difference(f("recovery_s"), f("detection_s"))},
+                 optional=True),
+            Goal(f"issue 31: h3 {fault}: steps recomputed ≤ 1 (a checkpoint every step)",
+                 "elastic-benchmark", f("recomputed"), 1.0, "≤", "{a:.0f}",
+                 {"a": f("recomputed")}, optional=True),
+        ]  # fmt: skip
+    return goals
+
+
 def _slurm() -> list[Goal]:
     def lm(name: str) -> Figure:
         return at("launch", name, "median")
@@ -377,6 +405,7 @@ GOALS: tuple[Goal, ...] = (
     *_training(),
     *_torch_backend(),
     *_multihost(),
+    *_elastic(),
     *_slurm(),
     *_others(),
     *_progress(),

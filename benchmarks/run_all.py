@@ -73,6 +73,8 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             900,
             "multihost-benchmark",
         ),
+        # A lost host, per fault, on three namespace hosts (needs root; elsewhere it skips).
+        "elastic": ([PY, str(here / "elastic.py"), "--rounds", "3"], 2400, "elastic-benchmark"),
         # Inside an allocation of a two-node Slurm cluster (needs root; elsewhere it skips).
         "slurm": ([PY, str(here / "slurm.py"), "--rounds", "7"], 600, "slurm-benchmark"),
         "output_throughput": (
@@ -162,6 +164,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
     ("Lightning: IPUStrategy against DDP and a raw loop", "lightning-benchmark", None),
     ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
+    ("A lost host: detection, recovery, recomputed steps", "elastic-benchmark", None),
     ("Inside a Slurm allocation: launch", "slurm-benchmark", None),
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
     ("The torch.distributed backend", "torch-backend", None),

@@ -138,8 +138,12 @@ class _Attempt:
     #: Ended on a verdict of the progress board (:mod:`poprun.run.progress`).
     hung: bool = False
     desynced: bool = False
-    #: Ended because a host was lost (:mod:`poprun.run.membership`).
+    #: Ended because a host was lost (:mod:`poprun.run.membership`), or stopped at the
+    #: save-now notice to readmit one (``--readmit``).
     lost: bool = False
+    readmitting: bool = False
+    #: An instance has made progress (a collective or a step) in this attempt.
+    moved: bool = False
 
 
 class EndingPolicy:
@@ -218,6 +222,7 @@ class EndingPolicy:
     def progressed(self, moved: bool, *, finishing: bool = False) -> None:
         """A progress record arrived: ``moved`` (progress), ``finishing`` (all programs ended)."""
         self.hang.progressed(moved, self.clock(), finishing=finishing)
+        self.now.moved = self.now.moved or moved
 
     def desynced(self) -> list[Action]:
         """Two instances issued different collectives at one sequence number: end the job."""
@@ -340,8 +345,9 @@ class EndingPolicy:
             or now.desynced
             or bool(self.time_limit.noticed)
         )
-        if self.membership is not None and self.membership.losses and not now.signals:
-            return _after_loss(self, self.membership)
+        membership = self.membership
+        if membership and not now.signals and (membership.losses or (now.readmitting and not code)):
+            return _after_loss(self, membership)
         if ended_at_time_limit(result):
             return Ending(code, report, requeue=self.time_limit.requeue)
         if code == 0 or ended_by_poprun or self.restarts >= self.max_restarts:
@@ -409,7 +415,14 @@ def _time_limit_actions(policy: EndingPolicy, t: float) -> list[Action]:
 def _lost_actions(policy: EndingPolicy, t: float) -> list[Action]:
     """A host lost while the job runs: name it, end the job as at the time-out (its
     instances wait for the lost ones in a collective: there is nothing to wait for)."""
-    losses = policy.membership.take_losses() if policy.membership is not None else []
+    membership = policy.membership
+    losses = membership.take_losses() if membership is not None else []
+    if membership is not None and not losses and not policy.now.lost:
+        back = membership.returning()
+        if back and not policy.now.readmitting and policy.now.moved:  # --readmit: stop at
+            # the next checkpoint (once the instances run: a notice before is ignored)
+            policy.now.readmitting = True
+            return [_notify(f"{', '.join(back)} answers again: readmitting it")]
     if not losses or policy.now.lost:
         return []
     policy.now.lost = True
@@ -422,7 +435,7 @@ def _after_loss(policy: EndingPolicy, membership: Membership) -> Ending:
     """After an attempt that lost hosts: launch again on the rest (a new attempt, not a
     restart: ``--max-restarts`` is not used up), or end with :data:`EXIT_HOSTS_LOST`."""
     membership.take_losses()
-    following = membership.relaunch()
+    following = membership.relaunch(readmitting=policy.now.readmitting)
     if not following.hosts:
         return Ending(EXIT_HOSTS_LOST, following.line)
     policy.now = _Attempt()

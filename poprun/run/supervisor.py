@@ -426,6 +426,8 @@ class Supervisor:
         proc.stdout.close()
         proc.stderr.close()
         self.procs.signal_instances(signal.SIGKILL)  # any instance that outlived mpirun
+        if self.watch is not None:  # its ssh probes are poprun's, not the job's leftovers
+            self.watch.stop_probes()
         self.procs.kill_left_behind(keep={proc.pid} if proc.poll() is None else set())
         if self.policy.now.mpirun_killed:
             self.procs.remove_session_files(self.env)

@@ -6,7 +6,8 @@ instance appends ``STEP GENERATION INDEX,INDEX,...`` for each step it trained to
 ``DIR/log/<instance>.g<generation>`` (``POPDIST_GENERATION``, 0 without it), so a test can
 take, for every step, the newest generation's samples and compare their multiset with an
 uninterrupted run's. ``PAUSE_S`` (default 0.3) after each step paces the run so a fault can
-land in its middle. At the end each instance writes its weights to
+land in its middle. At poprun's save-now notice (``popdist.should_stop()``, after the
+step's checkpoint) it stops there and prints ``STOPPED``. At the end each instance writes its weights to
 ``DIR/final.<instance>.pt`` and prints ``OK <instance> <generation> <instances>``.
 
 Checkpoints: ``DIR/ckpt.pt``, written by instance 0 (the launch host's, so a lost other host
@@ -82,6 +83,9 @@ def main() -> None:
         log.write(f"{step} {generation} {','.join(map(str, index.tolist()))}\n")
         log.flush()
         save_checkpoint(ckpt, model=training, optimizer=optimizer, step=step, dataloader=loader)
+        if popdist.should_stop():  # poprun's save-now notice (here: to readmit a host)
+            print(f"STOPPED {instance} g{generation} step {step}", flush=True)
+            return
         time.sleep(pause)
     torch.save(model.state_dict(), directory / f"final.{instance}.pt")
     print(f"OK {instance} {generation} {popdist.getNumInstances()}", flush=True)

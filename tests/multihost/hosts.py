@@ -379,20 +379,6 @@ class Hosts:
                 os.kill(pid, signal.SIGKILL)
         reap_children()
 
-    def revive(self, host: str) -> None:
-        """Start ``host``'s sshd again after :meth:`crash` (its namespace stayed)."""
-        old = self._sshd[host]
-        with contextlib.suppress(ProcessLookupError):
-            old.kill()
-        old.wait()
-        self._launch_sshd(host)
-        pidfile = self.state / host / "sshd.pid"
-        deadline = time.monotonic() + _READY_S
-        while not pidfile.exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"sshd on {host} did not start again")
-            time.sleep(0.01)
-
     def processes(self, host: str, word: str) -> list[int]:
         """The live processes of ``host`` whose command line holds ``word``."""
         found = []

@@ -178,6 +178,10 @@ class Membership:
         """Lost hosts that answer again and may rejoin (``--readmit``)."""
         return tuple(h for h in self.hosts if self._state[h].out and self._state[h].back)
 
+    def is_out(self, host: str) -> bool:
+        """Whether ``host`` is lost now (left out of the job)."""
+        return self._state[host].out
+
     def times_lost(self, host: str) -> int:
         return self._state[host].losses
 

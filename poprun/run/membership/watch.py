@@ -17,6 +17,11 @@ greeting) from a busy one (it answers).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -71,6 +76,9 @@ class HostWatch:
         self._probes: dict[str, Future[str]] = {}
         self._hosts: dict[int, str] = {}
         self._snapshot: Callable[[], list[InstanceFigures]] = list
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._stopped = False
 
     def attach(
         self, instances: Sequence[InstancePlan], snapshot: Callable[[], list[InstanceFigures]]
@@ -78,6 +86,7 @@ class HostWatch:
         """A new attempt: its instances and its progress board."""
         self._hosts = {plan.index: plan.host for plan in instances}
         self._snapshot = snapshot
+        self._stopped = False
         if self.lease is not None:
             self.lease.begin(self.membership.generation)
         self.membership.launched()
@@ -108,6 +117,7 @@ class HostWatch:
         """Ask ``hosts`` at once and wait for the answers (after a failed attempt)."""
         if self.command is None or not hosts:
             return
+        self._stopped = False
         for host, why in zip(hosts, self._pool.map(self._probe, hosts), strict=True):
             self.membership.answered(host, not why, why)
 
@@ -124,7 +134,55 @@ class HostWatch:
             self.lease.close()
 
     def _probe(self, host: str) -> str:
-        """ "" when ``host`` answers, else why not."""
+        """Empty when ``host`` answers (and, lost, holds nothing of this job), else why not."""
         assert self.command is not None
-        failed = ssh_check.unreachable([host], self.command, timeout=PROBE_TIMEOUT_S)
-        return failed[0][1] if failed else ""
+        remote = "true"
+        if self.membership.is_out(host) and self.lease is not None:
+            # an instance of this job still there carries the lease's address
+            remote = f"! grep -qs 'POPDIST_LEASE={self.lease.address}' /proc/[0-9]*/environ"
+        return self._ask(host, remote)
+
+    def stop_probes(self) -> None:
+        """The attempt is ending: kill the probes still out (by pid, each its own session),
+        so none outlives the job; their answers are dropped (the next attempt asks anew)."""
+        with self._lock:
+            self._stopped = True
+            running = list(self._running)
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in running:
+            proc.wait()
+        self._probes.clear()
+
+    def _ask(self, host: str, remote: str) -> str:
+        """Run ``remote`` on ``host`` through the agent: empty when it succeeds, else why."""
+        assert self.command is not None
+        argv = [*self.command, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={PROBE_TIMEOUT_S}"]
+        with self._lock:
+            if self._stopped:
+                return ""
+            try:
+                proc = subprocess.Popen(
+                    [*argv, host, remote], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                )  # fmt: skip
+            except OSError as error:
+                return f"cannot run {self.command[0]}: {error.strerror}"
+            self._running.add(proc)
+        try:
+            _, err = proc.communicate(timeout=PROBE_TIMEOUT_S + 2)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return f"no answer within {PROBE_TIMEOUT_S + 2} s"
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        if proc.returncode == 0:
+            return ""
+        lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+        if proc.returncode != 255 and not lines:
+            return "something of the job is still running there"
+        return lines[-1].strip() if lines else f"exit code {proc.returncode}"

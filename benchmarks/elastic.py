@@ -1,0 +1,265 @@
+"""A lost host: detection, recovery and steps recomputed, per fault, beside today's poprun and mpirun.
+
+Three namespace hosts with sshd (``tests/multihost/hosts.py``), one instance each, 6 replicas,
+``tests/bin/elastic_train.py`` (a checkpoint after every step). Once h3's instance has logged
+its third step, h3 is lost in one of four ways: its instance killed (SIGKILL), the host
+crashed (every process there killed, sshd too: ssh is refused), its network cut silently
+(its switch port down), or frozen (SIGSTOP on every process there). Per fault and round:
+
+- ``poprun --min-hosts 2``: *detection*, the fault until poprun's line naming h3; *recovery*,
+  the fault until the first step logged by the smaller job (generation 1); *steps
+  recomputed*, the steps generation 0 logged that generation 1 trained again (at most the
+  steps since the last checkpoint: 1 here); and whether it ended with exit 0.
+- today's poprun (``/work/main``'s, or ``--today POPRUN``) with ``--max-restarts 2``, and bare
+  ``mpirun`` on the same fault: the fault until the launcher exits, and its exit code
+  (``--cap`` seconds at most: a launcher still running then is killed and shown as such).
+
+Each figure is the median of ``--rounds`` runs with its spread (min-max). Needs root.
+
+    .venv/bin/python benchmarks/elastic.py [--rounds 3] [--anchor-rounds 1] [--cap 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+from _common import DOCS, ROOT, which, write_doc
+
+from tests.multihost.hosts import Hosts, unavailable
+
+PY = sys.executable
+PROGRAM = str(ROOT / "tests" / "bin" / "elastic_train.py")
+FAULTS = ("killed", "crashed", "cut", "frozen")
+STEPS, FAULT_AFTER = "10", 3
+LAUNCH = ["--num-instances", "3", "--num-replicas", "6", "-H", "h1,h2,h3"]
+
+
+def _env(hosts: Hosts) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "POPDIST_"))}
+    return hosts.env({**base, "PYTHONPATH": str(ROOT)})
+
+
+class Run:
+    """A launcher started on h1; its output lines with their arrival times."""
+
+    def __init__(self, hosts: Hosts, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            hosts.on("h1", argv, cwd=str(ROOT)), env=_env(hosts), cwd=ROOT,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[tuple[float, str]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line))
+
+    def first(self, words: str) -> float | None:
+        return next((at for at, line in self.lines if words in line), None)
+
+    def end(self, cap: float) -> tuple[int | None, float]:
+        """(exit code or None when killed at the cap, when it ended)."""
+        try:
+            code: int | None = self.proc.wait(timeout=cap)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            code = None
+        ended = time.monotonic()
+        self.reader.join(timeout=5)
+        return code, ended
+
+
+def _inject(hosts: Hosts, fault: str) -> None:
+    if fault == "killed":
+        for pid in hosts.processes("h3", "elastic_train.py"):
+            if b"poprun-instance" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+    elif fault == "crashed":
+        hosts.crash("h3")
+    elif fault == "cut":
+        hosts.cut("h3")
+    else:
+        hosts.freeze("h3")
+
+
+def _heal(hosts: Hosts, fault: str) -> None:
+    if fault == "cut":
+        hosts.cut("h3", down=False)
+    elif fault == "frozen":
+        hosts.freeze("h3", frozen=False)
+    hosts.close_jobs()
+
+
+def _wait_for_step(run: Run, log: Path) -> bool:
+    deadline = time.monotonic() + 240
+    while not (log.exists() and len(log.read_text().splitlines()) >= FAULT_AFTER):
+        if run.proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _watch_g1(directory: Path, run: Run, seen: list[float]) -> None:
+    """Note when the smaller job (generation 1) logged its first step (polled every 20 ms)."""
+    while run.proc.poll() is None:
+        if any(p.stat().st_size for p in (directory / "log").glob("*.g1")):
+            seen.append(time.monotonic())
+            return
+        time.sleep(0.02)
+
+
+def _recomputed(directory: Path) -> int:
+    steps: dict[int, set[int]] = {}
+    for path in (directory / "log").glob("*.g*"):
+        for line in path.read_text().splitlines():
+            step, gen, _ = line.split()
+            steps.setdefault(int(step), set()).add(int(gen))
+    return sum(1 for gens in steps.values() if {0, 1} <= gens)
+
+
+def one(hosts: Hosts, fault: str, launcher: str, argv: list[str], cap: float) -> dict[str, object]:
+    """One run of ``argv`` with ``fault`` injected: what it measured."""
+    directory = Path(tempfile.mkdtemp(prefix="elastic-"))
+    try:
+        run = Run(hosts, [*argv, PROGRAM, str(directory), STEPS])
+        if not _wait_for_step(run, directory / "log" / "2.g0"):
+            run.end(5)
+            return {"error": "the job did not reach the fault", "output": _tail(run)}
+        fault_at = time.monotonic()
+        _inject(hosts, fault)
+        seen: list[float] = []
+        watcher = threading.Thread(target=_watch_g1, args=(directory, run, seen), daemon=True)
+        watcher.start()
+        code, ended = run.end(cap)
+        watcher.join(timeout=1)
+        out: dict[str, object] = {"code": code, "ended_s": ended - fault_at}
+        if launcher == "poprun --min-hosts 2":
+            named = run.first("lost host h3")
+            out["detection_s"] = None if named is None else named - fault_at
+            out["recovery_s"] = seen[0] - fault_at if seen else None
+            out["recomputed"] = _recomputed(directory)
+        if code != 0:
+            out["output"] = _tail(run)
+        return out
+    finally:
+        _heal(hosts, fault)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _tail(run: Run) -> str:
+    return "".join(line for _, line in run.lines[-12:])
+
+
+def _launchers(today: str | None) -> dict[str, list[str]]:
+    poprun = which("poprun")
+    cases = {"poprun --min-hosts 2": [poprun, *LAUNCH, "--min-hosts", "2", PY]}
+    if today:
+        today_py = str(Path(today).parent / "python")
+        cases["today's poprun --max-restarts 2"] = [today, *LAUNCH, "--max-restarts", "2",
+                                                    today_py]  # fmt: skip
+    mpirun = shutil.which("mpirun") or "mpirun"
+    cases["mpirun"] = [mpirun, "--allow-run-as-root", "-H", "h1:1,h2:1,h3:1", "-np", "3", PY]
+    return cases
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--anchor-rounds", type=int, default=1)
+    parser.add_argument("--cap", type=float, default=60.0)
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--today", default="/work/main/.venv/bin/poprun")
+    args = parser.parse_args()
+    reason = unavailable()
+    if reason is not None:
+        print(f"elastic benchmark skipped: {reason}")
+        return 0
+    today = args.today if Path(args.today).exists() else None
+    results: dict[str, dict[str, list[dict[str, object]]]] = {}
+    for fault in args.faults.split(","):
+        results[fault] = {}
+        for launcher, argv in _launchers(today).items():
+            rounds = args.rounds if launcher.startswith("poprun ") else args.anchor_rounds
+            for _ in range(rounds):
+                with Hosts(3) as hosts:  # fresh hosts: a crash takes sshd with it
+                    got = one(hosts, fault, launcher, argv, args.cap)
+                print(fault, launcher, {k: v for k, v in got.items() if k != "output"}, flush=True)
+                results[fault].setdefault(launcher, []).append(got)
+    summary = _summarise(results)
+    (DOCS / "elastic-benchmark.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_doc("elastic-benchmark.md", "A lost host: detection, recovery, recomputed steps",
+              _render(summary, args))  # fmt: skip
+    return 0
+
+
+def _summarise(results: dict[str, dict[str, list[dict[str, object]]]]) -> dict[str, object]:
+    out: dict[str, object] = {"faults": {}}
+    for fault, by_launcher in results.items():
+        row: dict[str, object] = {}
+        for launcher, runs in by_launcher.items():
+            entry: dict[str, object] = {"runs": runs, "codes": [r.get("code") for r in runs]}
+            for key in ("detection_s", "recovery_s", "ended_s", "recomputed"):
+                values = [float(r[key]) for r in runs if r.get(key) is not None]  # type: ignore[arg-type]
+                if values:
+                    entry[key] = _spread(values)
+            row[launcher] = entry
+        out["faults"][fault] = row  # type: ignore[index]
+    return out
+
+
+def _fmt(entry: dict[str, object], key: str, unit: str = " s") -> str:
+    spread = entry.get(key)
+    if not isinstance(spread, dict):
+        return "—"
+    return f"{spread['median']:.1f}{unit} ({spread['min']:.1f}–{spread['max']:.1f})"
+
+
+def _render(summary: dict[str, object], args: argparse.Namespace) -> str:
+    lines = [
+        f"Rounds: {args.rounds} for poprun --min-hosts 2, {args.anchor_rounds} for each anchor; "
+        f"anchors killed after {args.cap:g} s. Median (min–max).",
+        "",
+        "| fault | detection | recovery | steps recomputed | exit codes | today's poprun "
+        "--max-restarts 2: ended after, exit | mpirun: ended after, exit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    faults = summary["faults"]
+    assert isinstance(faults, dict)
+    for fault, row in faults.items():
+        ours = row.get("poprun --min-hosts 2", {})
+        cells = [fault, _fmt(ours, "detection_s"), _fmt(ours, "recovery_s"),
+                 _fmt(ours, "recomputed", ""), ", ".join(map(str, ours.get("codes", [])))]  # fmt: skip
+        for anchor in ("today's poprun --max-restarts 2", "mpirun"):
+            entry = row.get(anchor)
+            if entry is None:
+                cells.append("—")
+                continue
+            codes = ", ".join("killed at the cap" if c is None else str(c) for c in entry["codes"])
+            cells.append(f"{_fmt(entry, 'ended_s')}, {codes}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
