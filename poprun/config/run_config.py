@@ -290,9 +290,16 @@ def _merge(cli: Mapping[str, Any], file_values: Mapping[str, Any] | None) -> dic
     return merged
 
 
-def _check_membership(values: Mapping[str, Any], hosts: tuple[str, ...]) -> None:
+def _check_membership(
+    values: Mapping[str, Any], hosts: tuple[str, ...], allocation: SlurmAllocation | None
+) -> None:
     """``--min-hosts`` needs hosts to lose and at most their number; ``--readmit`` needs it."""
     least = values.get("min_hosts")
+    if least is not None and allocation is not None:
+        raise PoprunError(
+            "--min-hosts", least, f"is not supported inside a Slurm job ({allocation.job_id})",
+            "leave --min-hosts out inside Slurm (see docs/elastic.md)",
+        )  # fmt: skip
     if least is not None:
         if len(hosts) < 2:
             raise PoprunError(
@@ -351,7 +358,7 @@ def build(
             "add --status-port PORT (0 picks a free port), or leave --status-address out",
         )
     _check_time_limit(values, environ)
-    _check_membership(values, hosts)
+    _check_membership(values, hosts, allocation)
     # Remote-only runs cannot check the program here; the hosts must mirror local paths.
     if (require_program or program) and (not program or not hosts or any(map(is_local, hosts))):
         _check_program(program, environ)

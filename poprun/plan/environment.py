@@ -81,7 +81,7 @@ def shared_values(config: RunConfig) -> dict[str, str]:
         values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
     if config.min_hosts is not None:  # the supervisor sets it at each launch
         values[contract.GENERATION] = "0"
-    if any(not is_local(host) for host in config.hosts):  # the supervisor's lease server
+    if config.allocation is None and any(not is_local(h) for h in config.hosts):  # the lease
         values[contract.LEASE] = ""
     return values
 

@@ -153,7 +153,7 @@ def _watch_hosts(
 ) -> HostWatch | None:
     """A job across hosts: its membership, the probes, the lease (``env`` gets its address)."""
     remote = [host for host in topology.hosts if not is_local(host)]
-    if not remote:
+    if not remote or topology.allocation is not None:  # Slurm's nodes: no ssh to probe them
         return None
     launch = next((host for host in topology.hosts if is_local(host)), None)
     membership = Membership(

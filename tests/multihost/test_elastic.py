@@ -244,3 +244,23 @@ def test_a_cut_host_is_readmitted_at_the_next_checkpoint(
     want, got = weights(reference), weights(tmp_path)
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-7)
+
+
+def test_a_host_lost_during_start_up_is_noticed(
+    clean_hosts: Hosts, healed: list[str], tmp_path: Path
+) -> None:
+    """h3 cut right after the ssh check, as mpirun launches (before any record): its silence
+    counts from the launch, so it is named within 10 s and the job runs on h1 and h2."""
+    job = Job(clean_hosts, "-v", *LAUNCH, "--min-hosts", "2", *PROGRAM, str(tmp_path), "2", "0")
+    deadline = time.monotonic() + 60
+    while job.first("Waiting for mpirun") is None:
+        assert time.monotonic() < deadline and job.proc.poll() is None, job.text
+        time.sleep(0.01)
+    cut_at = time.monotonic()
+    clean_hosts.cut("h3")
+    healed.append("cut")
+    assert job.wait() == 0, job.text
+    named = job.first("lost host h3")
+    assert named is not None and named - cut_at <= DETECT_S, job.text
+    assert "launching the job again on h1, h2 (generation 1)" in job.text
+    assert job.text.count("OK ") == 2, job.text

@@ -307,3 +307,9 @@ def test_print_topology_shows_the_allocation_read() -> None:
     assert line.startswith("Slurm allocation: job 17, nodes n[1-2] (SLURM_JOB_NODELIST), ")
     assert "tasks per node 2(x2) (SLURM_JOB_CPUS_PER_NODE): n1:2, n2:2" in line
     assert "srun step" in line
+
+
+def test_min_hosts_is_refused_inside_a_slurm_job() -> None:
+    """Its nodes are not probed over ssh: --min-hosts is refused in one line (docs/elastic.md)."""
+    with pytest.raises(PoprunError, match=r"^--min-hosts=1: is not supported inside a Slurm job"):
+        _config(SALLOC, min_hosts="1", num_replicas="4")
