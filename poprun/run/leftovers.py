@@ -89,12 +89,15 @@ def left_behind(keep: set[int]) -> list[int]:
 
 def launch_connection(pid: int) -> bool:
     """Whether ``pid`` is one of mpirun's own connections to a remote daemon (its launch
-    agent, ``ssh HOST ... orted ...``): poprun's connection, not something the job left."""
+    agent, ``ssh HOST ... orted ...``): poprun's connection, not something the job left.
+    One already gone (no command line: ended, or a zombie) is not left behind either."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             words = handle.read().split(b"\0")
     except OSError:
-        return False
+        return True
+    if not words[0]:
+        return True
     return any(b"orted" in word for word in words[1:]) and b"ssh" in words[0]
 
 

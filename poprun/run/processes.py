@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from poprun import log
 from poprun.plan.hosts import is_local
@@ -48,6 +48,8 @@ class JobProcesses:
         self.orphans_at: float | None = None
         self._pgids: dict[int, int] = {}  # instance -> its own process group (local ones)
         self._not_ours: set[int] = set()
+        #: poprun's own processes besides mpirun (the host watch's probes), never leftovers.
+        self.own_pids: Callable[[], set[int]] = set
 
     def start(self) -> None:
         """Before mpirun starts: orphans of the job re-parent to poprun, not to init."""
@@ -114,7 +116,7 @@ class JobProcesses:
 
     def kill_left_behind(self, keep: set[int]) -> None:
         """SIGKILL and reap, by pid, every process the job left under poprun; remember them."""
-        keep = keep | self._not_ours
+        keep = keep | self._not_ours | self.own_pids()
         if self.topology.allocation is not None and self.mpirun_pid not in keep:
             self._let_launchers_end(keep)
         found = leftovers.left_behind(keep)

@@ -94,6 +94,7 @@ def supervise(
             attempt.watch = watch
             if watch is not None:
                 watch.attach(topology.instances, attempt.board.snapshot)
+                attempt.procs.own_pids = watch.probe_pids
             if status is not None:
                 status.live.attach(
                     attempt.board.snapshot,

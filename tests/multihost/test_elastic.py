@@ -225,7 +225,7 @@ def test_a_cut_host_is_readmitted_at_the_next_checkpoint(
     checkpoint and goes on on all three hosts (generation 2), with the same results."""
     job = Job(
         clean_hosts, *LAUNCH, "--min-hosts", "2", "--readmit", *PROGRAM, str(tmp_path), STEPS,
-        "1.0",  # slow steps: the readmission lands in the middle of generation 1
+        "1.5",  # slow steps: the readmission lands in the middle of generation 1
     )  # fmt: skip
     wait_for_step(job, tmp_path / "log" / "2.g0", FAULT_AFTER - 1)
     clean_hosts.cut("h3")

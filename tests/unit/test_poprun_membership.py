@@ -64,7 +64,7 @@ def test_a_silent_host_that_does_not_answer_is_lost_once() -> None:
     assert m.to_probe() == ["h3"]
     m.answered("h3", False, "Connection timed out")
     [loss] = m.take_losses()
-    assert (loss.host, loss.why) == ("h3", "it does not answer (Connection timed out)")
+    assert (loss.host, loss.why) == ("h3", "no answer: Connection timed out")
     assert m.take_losses() == []
     m.lose("h3", "again")  # already out this attempt
     assert len(m.losses) == 1 and m.times_lost("h3") == 1
@@ -146,7 +146,7 @@ def test_the_policy_ends_the_job_on_a_loss_and_relaunches_on_the_rest() -> None:
     m.to_probe()
     m.answered("h3", False, "Connection refused")
     [action] = [a for a in policy.due() if a.do is Do.HOST_LOST]
-    assert "lost host h3: it does not answer (Connection refused)" in action.why
+    assert "lost host h3: no answer: Connection refused" in action.why
     assert policy.due() == []  # named once
     policy.mpirun_exited(143)
     ending = policy.ending(Evidence(instances=instances(3)))

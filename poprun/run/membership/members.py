@@ -99,9 +99,10 @@ class Membership:
     def launched(self) -> None:
         """An attempt started on :attr:`members`: their silence counts from now."""
         now = self.clock()
-        for host in self.members:
-            state = self._state[host]
-            state.heard_at, state.probing, state.probed_at = now, False, None
+        for host, state in self._state.items():
+            state.probing = False  # a probe of the last attempt was dropped
+            if host in self.members:
+                state.heard_at, state.probed_at = now, None
         self._losses, self._taken = [], 0
 
     def heard(self, host: str, at: float | None = None) -> None:
@@ -117,7 +118,7 @@ class Membership:
         if state.out:
             state.back = ok and self.readmit and state.losses < self.max_losses
         elif not ok and host in self.members:
-            self.lose(host, f"it does not answer ({why})" if why else "it does not answer")
+            self.lose(host, f"no answer: {why}" if why else "no answer")
 
     def lose(self, host: str, why: str) -> None:
         """``host`` is lost (once per attempt)."""

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from poprun import log
 from poprun.plan.topology import InstancePlan
 from poprun.run import ssh_check
 from poprun.run.membership.lease import LeaseServer
@@ -56,6 +57,17 @@ def probe_command(global_args: Sequence[str], environ: Mapping[str, str]) -> lis
             continue
         kept.append(word)
     return [*kept, "-o", "ControlMaster=no", "-o", "ControlPath=none"]
+
+
+def leftover_check(lease: str) -> str:
+    """A shell command that fails while a process of this job runs on the host: its
+    environment holds the lease's address. Only processes of the host's own network
+    namespace count (hosts made of namespaces on one machine share their process table)."""
+    return (
+        "me=$(readlink /proc/self/ns/net); for p in /proc/[0-9]*; do "
+        '[ "$(readlink $p/ns/net 2>/dev/null)" = "$me" ] && '
+        f"grep -qs 'POPDIST_LEASE={lease}' $p/environ && exit 1; done; exit 0"
+    )
 
 
 class HostWatch:
@@ -107,6 +119,7 @@ class HostWatch:
             if future.done():
                 del self._probes[host]
                 why = future.result()
+                log.debug(f"probe of {host}: {why or 'it answers'}")
                 members.answered(host, not why, why)
         if self.command is None:
             return
@@ -138,9 +151,13 @@ class HostWatch:
         assert self.command is not None
         remote = "true"
         if self.membership.is_out(host) and self.lease is not None:
-            # an instance of this job still there carries the lease's address
-            remote = f"! grep -qs 'POPDIST_LEASE={self.lease.address}' /proc/[0-9]*/environ"
+            remote = leftover_check(self.lease.address)
         return self._ask(host, remote)
+
+    def probe_pids(self) -> set[int]:
+        """The probes' pids now (poprun's own processes, not the job's)."""
+        with self._lock:
+            return {proc.pid for proc in self._running}
 
     def stop_probes(self) -> None:
         """The attempt is ending: kill the probes still out (by pid, each its own session),
