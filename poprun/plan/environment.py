@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from popdist import env as contract
 from poprun.config.run_config import RunConfig
+from poprun.errors import PoprunError
 from poprun.plan.devices import VISIBLE_DEVICES, instance_devices
 from poprun.plan.hosts import is_local
 from poprun.plan.topology import InstancePlan
@@ -99,17 +100,24 @@ def instance_values(
             "num_local_replicas": plan.num_local_replicas,
             "replica_index_offset": plan.replica_offset,
         }
-    values = contract.instance_environment(
-        num_total_replicas=config.num_replicas,
-        num_ipus_per_replica=config.ipus_per_replica,
-        num_instances=config.num_instances,
-        instance_index=plan.index,
-        local_instance_index=plan.local_index,
-        num_local_instances=plan.num_local_instances,
-        host=plan.host,
-        offline_mode=config.offline_mode,
-        **uneven,  # type: ignore[arg-type]  # the contract's per-instance counts (issue 31)
-    )  # the cache path is shared: it goes by name (shared_values)
+    try:
+        values = contract.instance_environment(
+            num_total_replicas=config.num_replicas,
+            num_ipus_per_replica=config.ipus_per_replica,
+            num_instances=config.num_instances,
+            instance_index=plan.index,
+            local_instance_index=plan.local_index,
+            num_local_instances=plan.num_local_instances,
+            host=plan.host,
+            offline_mode=config.offline_mode,
+            **uneven,  # type: ignore[arg-type]  # the contract's per-instance counts (issue 31)
+        )  # the cache path is shared: it goes by name (shared_values)
+    except TypeError:  # a contract without per-instance replica counts
+        raise PoprunError(
+            "--num-replicas", config.num_replicas,
+            f"cannot be split unevenly over {config.num_instances} instances by this popdist",
+            "use a replica count that the instances left divide",
+        ) from None  # fmt: skip
     values[VISIBLE_DEVICES] = instance_devices(plan, device_pool)
     return values
 

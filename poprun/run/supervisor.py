@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 from popdist import env as contract
 from poprun import log
 from poprun.config.run_config import RunConfig
+from poprun.errors import EXIT_HOSTS_LOST, PoprunError
 from poprun.plan.hosts import is_local
 from poprun.plan.topology import Topology
 from poprun.run.ending import Action, Do, Ending, EndingPolicy, Evidence
@@ -110,7 +111,13 @@ def supervise(
             if not ending.restart:
                 return ending.code
             if ending.hosts and replan is not None:
-                topology, argv = replan(ending.hosts)
+                try:
+                    topology, argv = replan(ending.hosts)
+                except PoprunError as error:  # the smaller job cannot be planned
+                    sys.stderr.write(
+                        f"poprun: cannot launch on {', '.join(ending.hosts)}: {error}\n"
+                    )
+                    return EXIT_HOSTS_LOST
     finally:
         if watch is not None:
             watch.close()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from poprun.errors import EXIT_HOSTS_LOST
-from poprun.plan.topology import split_replicas
+from poprun.config.run_config import build
+from poprun.errors import EXIT_HOSTS_LOST, PoprunError
+from poprun.plan.environment import instance_values
+from poprun.plan.topology import on_hosts, plan, split_replicas
 from poprun.run.ending import Do, EndingPolicy, Evidence
 from poprun.run.membership.members import (
     MAX_LOSSES,
@@ -164,3 +166,20 @@ def test_the_policy_ends_with_exit_hosts_lost_below_min_hosts() -> None:
     policy.mpirun_exited(143)
     ending = policy.ending(Evidence(instances=instances(3)))
     assert ending.code == EXIT_HOSTS_LOST == 69 and not ending.restart
+
+
+def test_the_smaller_job_keeps_the_replicas_and_the_instances_per_host() -> None:
+    config = build({"host": ["a,b,c"], "num_instances": "6", "num_replicas": "6"}, ("x",), {})
+    smaller = on_hosts(config, ("a", "c"))
+    assert (smaller.hosts, smaller.host_counts, smaller.num_instances) == (("a", "c"), (2, 2), 4)
+    planned = plan(smaller)
+    assert [(p.host, p.num_local_replicas, p.replica_offset) for p in planned.instances] == [
+        ("a", 2, 0), ("a", 2, 2), ("c", 1, 4), ("c", 1, 5),
+    ]  # fmt: skip
+    for instance in planned.instances:  # the contract's per-instance counts, or one line
+        try:
+            values = instance_values(smaller, instance)
+        except PoprunError as error:
+            assert "cannot be split unevenly over 4 instances" in str(error)
+        else:
+            assert values["POPDIST_NUM_LOCAL_REPLICAS"] == str(instance.num_local_replicas)
