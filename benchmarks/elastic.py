@@ -48,8 +48,13 @@ LAUNCH = ["--num-instances", "3", "--num-replicas", "6", "-H", "h1,h2,h3"]
 
 
 def _env(hosts: Hosts) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "POPDIST_"))}
-    return hosts.env({**base, "PYTHONPATH": str(ROOT)})
+    """The launchers' environment: no PYTHONPATH, so today's poprun runs its own code."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMIX_", "POPDIST_")) and k != "PYTHONPATH"
+    }
+    return hosts.env(base)
 
 
 class Run:
