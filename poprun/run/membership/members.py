@@ -160,10 +160,6 @@ class Membership:
                 due.append(host)
         return due
 
-    def silent_for(self, host: str) -> float:
-        """Seconds since ``host`` was last heard from."""
-        return self.clock() - self._state[host].heard_at
-
     def take_losses(self) -> list[Loss]:
         """The losses since the last call."""
         new = self._losses[self._taken :]
