@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import statistics
@@ -189,7 +188,7 @@ def main() -> None:
         "",
     ]
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from _common import machine
+    from _common import machine, save_results
 
     lines.insert(2, f"Machine: {machine()}.")
     lines.insert(3, "")
@@ -200,7 +199,7 @@ def main() -> None:
         name: {"median": med[name], "min": min(v), "max": max(v), "samples": v}
         for name, v in times.items()
     }
-    (ROOT / "docs" / "launch-overhead.json").write_text(json.dumps(summary, indent=1))
+    save_results("launch-overhead", summary)
 
 
 if __name__ == "__main__":

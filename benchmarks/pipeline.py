@@ -12,7 +12,6 @@ docs/pipeline-benchmark.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import DOCS, interleave, table, write_doc
+from benchmarks._common import interleave, save_results, table, write_doc
 from popdist_torch.pipeline import (
     BeginBlock,
     PipelinedExecution,
@@ -125,15 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if not args.no_doc:
         print(f"wrote {write_doc('pipeline-benchmark.md', 'Pipelined vs sharded execution', body)}")
-        (DOCS / "pipeline-benchmark.json").write_text(
-            json.dumps(
-                {
-                    "ratio": ratio,
-                    "samples_per_s": {name: s.samples for name, s in got.items()},
-                    "median": {name: s.median for name, s in got.items()},
-                },
-                indent=1,
-            )
+        save_results(
+            "pipeline-benchmark",
+            {
+                "ratio": ratio,
+                "samples_per_s": {name: s.samples for name, s in got.items()},
+                "median": {name: s.median for name, s in got.items()},
+            },
         )
     return 0
 

@@ -216,7 +216,7 @@ def main() -> None:
         worker(args.worker, args.model, args.batch, args.warmup, args.iters, args.batches)
         return
 
-    from benchmarks._common import DOCS, Summary, interleave, table, write_doc
+    from benchmarks._common import Summary, interleave, save_results, table, write_doc
 
     timing = ["--warmup", str(args.warmup), "--iters", str(args.iters)]
     timing += ["--batches", str(args.batches)]
@@ -268,7 +268,7 @@ def main() -> None:
             m.upper(), str(hot["collectives_per_step"]), f"{hot['step_us']:.1f}",
             f"{hot['record_us']:.0f}", f"{step_s * 1e3:.1f}", f"{expected:.4f}",
         ])  # fmt: skip
-    (DOCS / "progress-overhead.json").write_text(json.dumps(out, indent=1))
+    save_results("progress-overhead", out)
     doc = __doc__ or ""
     header = ["model", "on: samples/s (median)", "off: samples/s (median)", "on / off"]
     body = "\n\n".join(

@@ -25,7 +25,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import goals
-from _common import DOCS, ROOT, compile_sources, machine, table
+from _common import (
+    DOCS,
+    ROOT,
+    compile_sources,
+    cpu_model,
+    load_results,
+    machine,
+    recorded_cpus,
+    table,
+)
 from goals import Row
 
 PY = sys.executable
@@ -147,9 +156,9 @@ def run(names: list[str], baseline: str | None) -> dict[str, dict[str, Any]]:
     return log
 
 
-def _load(stem: str) -> Any:
-    path = DOCS / f"{stem}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+def _load(stem: str, cpu: str | None = None) -> Any:
+    """A benchmark's results: ``cpu``'s record, by default the latest run's."""
+    return load_results(stem, cpu)
 
 
 SECTIONS: list[tuple[str, str, str | None]] = [
@@ -169,9 +178,10 @@ SECTIONS: list[tuple[str, str, str | None]] = [
 ]
 
 
-def results() -> dict[str, Any]:
-    """Every benchmark's JSON by name, and the training view the goals read."""
-    found = {stem: _load(stem) for _, stem, _ in SECTIONS}
+def results(cpu: str | None = None) -> dict[str, Any]:
+    """Every benchmark's results by name (``cpu``'s records; by default each benchmark's
+    latest run), and the training view the goals read."""
+    found = {stem: _load(stem, cpu) for _, stem, _ in SECTIONS}
     found = {stem: data for stem, data in found.items() if data is not None}
     if "training-throughput" in found:
         found["training"] = training_view(
@@ -188,11 +198,13 @@ def training_view(tt: dict[str, Any], goals_run: dict[str, Any]) -> dict[str, An
         if not data["ratios"]:
             continue
         ratios, median, rounds = data["ratios"], data["median"], tt["rounds"]
+        samples = data.get("samples_per_s", {})
         if model in focused:  # the goal cases again, with more rounds: these decide
             ratios = {**ratios, **focused[model]["ratios"]}
             median = {**median, **focused[model]["median"]}
+            samples = {**samples, **focused[model].get("samples_per_s", {})}
             rounds = goals_run["rounds"]
-        view[model] = {"ratios": ratios, "median": median, "rounds": rounds}
+        view[model] = {"ratios": ratios, "median": median, "rounds": rounds, "samples": samples}
     return view
 
 
@@ -239,6 +251,57 @@ def headline() -> tuple[list[Row], list[Row]]:
     return goals.headline(goals.GOALS, found), tuning_rows(found)
 
 
+def measured_cpus() -> dict[str, str]:
+    """Every CPU model some benchmark has a record of → its note ("" when measured)."""
+    cpus: dict[str, str] = {}
+    for _, stem, _ in SECTIONS:
+        for cpu, note in recorded_cpus(stem).items():
+            cpus[cpu] = cpus.get(cpu) or note
+    return cpus
+
+
+def per_cpu_rows(cpus: dict[str, str]) -> list[Row]:
+    """One row a goal, one column a CPU model: each goal judged on that CPU's records."""
+    judged = {cpu: results(cpu) for cpu in cpus}
+    rows: list[Row] = []
+    for goal in goals.GOALS:
+        cells, name = [], None
+        for cpu in cpus:
+            verdict = goals.evaluate(goal, judged[cpu])
+            if verdict is None or verdict.value is None:
+                cells.append("—")
+                continue
+            name = name or verdict.name
+            cell = f"{verdict.value:.2f}"
+            if verdict.spread is not None:
+                cell += f" ± {verdict.spread / 2:.2f}"
+            if verdict.met is not None:
+                cell += " yes" if verdict.met else " **no**"
+            cells.append(cell)
+        if name is not None:
+            rows.append([name, *cells])
+    return rows
+
+
+def per_cpu_section() -> list[str]:
+    """The goals on every CPU model measured, side by side (issue 33)."""
+    cpus = measured_cpus()
+    here = cpu_model()
+    labels = [cpu + (" (this machine)" if cpu == here else "") for cpu in cpus]
+    notes = [f"*{cpu}*: {note}" for cpu, note in cpus.items() if note]
+    return [
+        "## Goals on every CPU measured",
+        "",
+        "Each benchmark's JSON keeps one record a CPU model (the latest run on that model), "
+        "so a goal that regresses on one CPU stays visible after a run on another. A cell is "
+        "the figure ± half the spread of its per-round figures, then whether the goal is met "
+        "with margin on that CPU; — where that CPU has no record of it.",
+        *(["", *notes] if notes else []),
+        "",
+        table(["goal", *labels], per_cpu_rows(cpus)),
+    ]
+
+
 def _body(stem: str) -> str:
     """A benchmark's own Markdown without its title; headings pushed down two levels."""
     path = DOCS / f"{stem}.md"
@@ -257,9 +320,9 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
         log = {**previous.get("log", {}), **log}
         if total is None:
             total = previous.get("total_s")
-    goals, tuning = headline()
-    met = sum(r[3] == "**yes**" for r in goals)
-    judged = sum(r[3] != "—" for r in goals)
+    rows, tuning = headline()
+    met = sum(r[-1] == "**yes**" for r in rows)
+    judged = sum(r[-1] != "—" for r in rows)
     parts = [
         "# Performance",
         "",
@@ -287,9 +350,14 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
         "",
         "## Goals",
         "",
-        f"{met} of {judged} goals met in this run.",
+        f"{met} of {judged} goals met with margin in this run, on {cpu_model()}. Met with "
+        "margin: the median of the goal's per-round figures clears it by at least half their "
+        "spread (the interquartile range from four rounds, the range below that); a figure "
+        "on the right side of its goal but within that is shown *no (no margin)*.",
         "",
-        table(["goal", "measured", "ratio", "met?"], goals),
+        table(list(goals.HEADER), rows),
+        "",
+        *per_cpu_section(),
         "",
         "## Tuning: before and after",
         "",
@@ -342,7 +410,7 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
     path = DOCS / "performance.md"
     path.write_text("\n".join(parts) + "\n")
     (DOCS / "performance.json").write_text(
-        json.dumps({"goals": goals, "tuning": tuning, "log": log, "total_s": total}, indent=1)
+        json.dumps({"goals": rows, "tuning": tuning, "log": log, "total_s": total}, indent=1)
     )
     return path
 

@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import DOCS, ROOT, interleave, table, write_doc
+from _common import ROOT, interleave, save_results, table, write_doc
 
 WORKER = ROOT / "benchmarks" / "allreduce_worker.py"
 PATHS = ("torch", "torch-gloo", "horovod", "mpi4py")
@@ -154,7 +154,7 @@ def main() -> None:
         timing = ["--warmup", "5", "--iters", "7", "--batches", "8"]
         out["training"], tr_text = _training(args.training_rounds or args.rounds, timing)
         sections.append("## Training\n\n" + tr_text)
-    (DOCS / "torch-backend.json").write_text(json.dumps(out, indent=1))
+    save_results("torch-backend", out)
     body = "\n\n".join(
         [
             __doc__.split("\n\n", 2)[2].strip(),

@@ -341,7 +341,7 @@ def main() -> None:
         worker(args.worker, args.model, args.batch, args.warmup, args.iters, args.batches)
         return
 
-    from benchmarks._common import DOCS, interleave, table, write_doc
+    from benchmarks._common import DOCS, interleave, save_results, table, write_doc
 
     models = args.models.split(",")
     keys = args.cases.split(",")
@@ -401,7 +401,7 @@ def main() -> None:
             )
         sections.append(text)
     suffix = f"-{args.label}" if args.label else ""
-    (DOCS / f"training-throughput{suffix}.json").write_text(json.dumps(out, indent=1))
+    save_results(f"training-throughput{suffix}", out)
     if set(DEFAULT_CASES) <= set(keys):
         _plot(out, DOCS / f"training-throughput{suffix}.png")
     body = "\n\n".join(
