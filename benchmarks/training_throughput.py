@@ -77,8 +77,19 @@ def _model(name: str) -> Any:
             out = self.head(self.features(x))
             return out, nn.functional.cross_entropy(out, y)
 
+    class SmallMlp(nn.Module):
+        """A fast step: few, small gradients (progress_overhead's fast-step case, issue 33)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.net(x.flatten(1))
+            return out, nn.functional.cross_entropy(out, y)
+
     torch.manual_seed(0)
-    return {"mlp": Mlp, "cnn": Cnn}[name]()
+    return {"mlp": Mlp, "cnn": Cnn, "mlp-small": SmallMlp}[name]()
 
 
 def _time(

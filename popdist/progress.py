@@ -101,6 +101,9 @@ class Tracker:
 tracker: Tracker | None = None
 _reporter: Reporter | None = None
 _skip: tuple[str, ...] = ()  # file prefixes of the libraries between the program and a collective
+#: code object -> whether it is a library's (one prefix test per function, not per call).
+_in_library: dict[Any, bool] = {}
+_IN_LIBRARY_MAX = 4096  # forgotten beyond this (a program that compiles code on the fly)
 
 
 def _site() -> tuple[str, int, str]:
@@ -108,13 +111,19 @@ def _site() -> tuple[str, int, str]:
     global _skip
     if not _skip:
         _skip = _library_prefixes()
+    known = _in_library
     frame: FrameType | None = sys._getframe(2)
     first: FrameType | None = frame
     for _ in range(64):
         if frame is None:
             break
         code = frame.f_code
-        if not code.co_filename.startswith(_skip):
+        inside = known.get(code)
+        if inside is None:
+            if len(known) >= _IN_LIBRARY_MAX:
+                known.clear()
+            inside = known[code] = code.co_filename.startswith(_skip)
+        if not inside:
             return (code.co_filename, frame.f_lineno, code.co_name)
         frame = frame.f_back
     if first is None:
@@ -140,9 +149,12 @@ def _issue(t: Tracker, kind: str, name: str | None, tensor: Any) -> Call:
     dtype: Any = ""
     nbytes = 0
     if tensor is not None and hasattr(tensor, "element_size"):
-        shape = tuple(tensor.shape)
+        shape = tensor.shape  # torch.Size: already an immutable tuple
         dtype = tensor.dtype
-        nbytes = tensor.numel() * tensor.element_size()
+        try:
+            nbytes = tensor.nbytes  # one call (torch, numpy) instead of two
+        except AttributeError:
+            nbytes = tensor.numel() * tensor.element_size()
     elif kind == "broadcast_tensors" and isinstance(tensor, (list, tuple)) and tensor:
         name, shape, dtype, nbytes = _members(tensor, name)
     call = (t.seq, kind, name or "", nbytes, shape, dtype, _site(), time.monotonic())
