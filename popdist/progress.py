@@ -112,7 +112,10 @@ def _site() -> tuple[str, int, str]:
     if not _skip:
         _skip = _library_prefixes()
     known = _in_library
-    frame: FrameType | None = sys._getframe(2)
+    try:  # past _site, _issue and the wrapper (popdist's own: no need to look at them)
+        frame: FrameType | None = sys._getframe(3)
+    except ValueError:  # the wrapper called with nothing above it
+        frame = sys._getframe(2)
     first: FrameType | None = frame
     for _ in range(64):
         if frame is None:
