@@ -65,14 +65,28 @@ class Summary:
         return f"{self.median * scale:.{digits}f} {unit} (IQR {self.iqr * scale:.{digits}f}, n={len(self.samples)})"
 
 
-def interleave(cases: dict[str, Callable[[], float]], rounds: int) -> dict[str, Summary]:
-    """Run every case once per round, in a rotating order, so drift hits all cases alike."""
+def interleave(
+    cases: dict[str, Callable[[], float]],
+    rounds: int,
+    *,
+    until: Callable[[dict[str, list[float]]], bool] | None = None,
+    max_rounds: int = 0,
+    budget_s: float = 0.0,
+) -> dict[str, Summary]:
+    """Run every case once per round, in a rotating order, so drift hits all cases alike.
+
+    With ``until`` (the samples so far → whether the goals clear with margin), more rounds
+    follow the ``rounds`` asked for, up to ``max_rounds`` within ``budget_s``
+    (:func:`rounds_until_clear`)."""
     names = list(cases)
     got: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
+
+    def one_round(r: int) -> None:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             got[name].append(cases[name]())
+
+    settled = (lambda: until(got)) if until is not None else (lambda: True)
+    rounds_until_clear(one_round, rounds, settled=settled, max_rounds=max_rounds, budget_s=budget_s)
     return {name: Summary(tuple(v)) for name, v in got.items()}
 
 

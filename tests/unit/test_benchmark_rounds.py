@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -58,3 +59,25 @@ def test_no_round_that_would_overrun_the_budget() -> None:
     assert len(_run(rounds=3, settle_after=99, max_rounds=20, budget=45)) == 4
     # the asked rounds run whatever the budget
     assert len(_run(rounds=3, settle_after=99, max_rounds=20, budget=5)) == 3
+
+
+def test_interleave_goes_on_until_the_samples_clear() -> None:
+    from _common import interleave
+
+    calls: list[str] = []
+
+    def case(name: str, value: float) -> Callable[[], float]:
+        def run() -> float:
+            calls.append(name)
+            return value
+
+        return run
+
+    got = interleave(
+        {"a": case("a", 2.0), "b": case("b", 1.0)}, 2,
+        until=lambda samples: len(samples["a"]) >= 5, max_rounds=9, budget_s=60,
+    )  # fmt: skip
+    assert len(got["a"].samples) == len(got["b"].samples) == 5
+    assert calls[:4] == ["a", "b", "b", "a"]  # rotating order, round by round
+    plain = interleave({"a": case("a", 2.0)}, 3)
+    assert len(plain["a"].samples) == 3  # without ``until``: the rounds asked for
