@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +146,18 @@ def test_the_report_keeps_every_cpu_and_marks_transcribed_figures() -> None:
     xeon = list(cpus).index(transcribed[0]) + 1
     row = next(r for r in rows if "16 MB, 4 KB pages" in r[0])
     assert row[xeon].startswith("0.86")
+
+
+def test_results_are_kept_per_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import _common
+
+    monkeypatch.setattr(_common, "DOCS", tmp_path)
+    (tmp_path / "bench.json").write_text('{"ratio": 0.9}')  # a record from before
+    assert _common.load_results("bench") == {"ratio": 0.9}
+    assert _common.recorded_cpus("bench") == {_common.LEGACY_CPU: ""}
+    _common.save_results("bench", {"ratio": 1.1}, cpu="Intel Xeon X")
+    _common.save_results("bench", {"ratio": 1.2}, cpu=_common.LEGACY_CPU)
+    assert _common.load_results("bench") == {"ratio": 1.2}  # the latest run
+    assert _common.load_results("bench", "Intel Xeon X") == {"ratio": 1.1}  # kept
+    assert set(_common.recorded_cpus("bench")) == {_common.LEGACY_CPU, "Intel Xeon X"}
+    assert _common.load_results("absent") is None
