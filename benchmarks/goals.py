@@ -28,7 +28,7 @@ from typing import Any
 Figure = Callable[[Any], float]
 #: The per-round values of a figure (one a round), read from the same results.
 Rounds = Callable[[Any], Sequence[float]]
-#: A row of the headline table: goal, measured, ratio, met?
+#: A row of the headline table: goal, measured, figure, spread, margin, met?
 Row = list[str]
 
 #: direction → the comparison a measurement must pass against the threshold.
@@ -157,7 +157,7 @@ class Goal:
     also: Callable[[Any], bool] | None = None
     #: What the "measured" column says when the results lack the figure.
     missing: str = "not measured"
-    #: The figure round by round: its median and spread decide the margin.
+    #: The figure round by round: their spread decides the margin the figure needs.
     rounds: Rounds | None = None
 
     def __post_init__(self) -> None:
@@ -170,7 +170,9 @@ class Goal:
 @dataclass(frozen=True)
 class Verdict:
     """A goal judged: its figure (``None`` when not measured), the spread of its per-round
-    figures and the margin of their median over the threshold, and whether it is met."""
+    figures, the figure's margin over the threshold, whether the figure passes the threshold
+    (and any further condition), and whether it is met: passed with a margin of at least half
+    the spread."""
 
     goal: Goal
     name: str
@@ -180,6 +182,7 @@ class Verdict:
     spread: float | None = None
     margin: float | None = None
     rounds: int = 0
+    passed: bool = False
 
     def row(self) -> Row:
         """goal, measured, figure, spread, margin, met?"""
@@ -187,7 +190,7 @@ class Verdict:
             verdict = "—"
         elif self.met:
             verdict = "**yes**"
-        elif self.value is not None and self.passes():
+        elif self.passed:
             verdict = "**no** (no margin)"
         else:
             verdict = "**no**"
@@ -199,13 +202,6 @@ class Verdict:
             "—" if self.margin is None else f"{self.margin:+.3f}",
             verdict,
         ]
-
-    def passes(self) -> bool:
-        """The figure is on the right side of the threshold (margin or not)."""
-        goal = self.goal
-        if goal.threshold is None or self.value is None:
-            return False
-        return DIRECTIONS[goal.direction](self.value, goal.threshold)
 
 
 def evaluate(goal: Goal, results: Mapping[str, Any]) -> Verdict | None:
@@ -231,18 +227,17 @@ def evaluate(goal: Goal, results: Mapping[str, Any]) -> Verdict | None:
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             rounds = []
     width = spread(rounds)
-    met, room = None, None
+    met, room, passed = None, None, False
     if goal.threshold is not None:
-        met = DIRECTIONS[goal.direction](value, goal.threshold)
+        passed = DIRECTIONS[goal.direction](value, goal.threshold)
+        if goal.also is not None:
+            passed = passed and goal.also(data)
         if width is not None:  # the figure (mostly the median of the rounds) beyond half the spread
             room = margin(value, goal.threshold, goal.direction)
-            met = met and room >= width / 2
-        else:
-            met = False  # no spread recorded: a margin cannot be shown
-        if goal.also is not None:
-            met = met and goal.also(data)
+        # no spread recorded: no margin can be shown, so the goal is not met
+        met = passed and room is not None and width is not None and room >= width / 2
     name = goal.name.format_map(shown)
-    return Verdict(goal, name, value, met, detail, width, room, len(rounds))
+    return Verdict(goal, name, value, met, detail, width, room, len(rounds), passed)
 
 
 class _Unknown:

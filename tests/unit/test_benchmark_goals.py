@@ -66,7 +66,7 @@ def test_a_goal_is_met_only_with_a_margin_of_half_the_spread() -> None:
     at_edge = evaluate(_goal(1.95, "≥"), RESULTS)
     clear = evaluate(_goal(1.9, "≥"), RESULTS)
     assert at_edge is not None and clear is not None
-    assert at_edge.passes() and at_edge.met is False
+    assert at_edge.passed and at_edge.met is False
     assert at_edge.row()[3:] == ["0.150 (n=4)", "+0.050", "**no** (no margin)"]
     assert clear.met is True and clear.row()[3:] == ["0.150 (n=4)", "+0.100", "**yes**"]
     assert clears([1.9, 2.0, 2.0, 2.1], 1.9, "≥") and not clears([1.9, 2.0, 2.0, 2.1], 1.95, "≥")
@@ -161,3 +161,8 @@ def test_results_are_kept_per_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert _common.load_results("bench", "Intel Xeon X") == {"ratio": 1.1}  # kept
     assert set(_common.recorded_cpus("bench")) == {_common.LEGACY_CPU, "Intel Xeon X"}
     assert _common.load_results("absent") is None
+
+
+def test_a_failed_further_condition_is_no_not_no_margin() -> None:
+    verdict = evaluate(_goal(1.0, "≥", also=lambda data: False), RESULTS)
+    assert verdict is not None and verdict.row()[5] == "**no**"
