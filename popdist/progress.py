@@ -101,8 +101,15 @@ class Tracker:
 tracker: Tracker | None = None
 _reporter: Reporter | None = None
 _skip: tuple[str, ...] = ()  # file prefixes of the libraries between the program and a collective
-#: code object -> whether it is a library's (one prefix test per function, not per call).
-_in_library: dict[Any, bool] = {}
+#: id of a code object -> (the code object, whether it is a library's): one prefix test per
+#: function, not per call. Keyed by id: hashing a code object hashes its constants and names
+#: on every call; the entry holds the code object, so its id cannot be reused meanwhile.
+_in_library: dict[int, tuple[Any, bool]] = {}
+#: (id of a code object, offset of its instruction) -> the site: a frame's line number is
+#: found by walking its function's line table, thousands of instructions in a long function
+#: (a training script's main loop), on every collective. Valid while ``_in_library`` holds
+#: the code object: both are cleared together.
+_sites: dict[tuple[int, int], tuple[str, int, str]] = {}
 _IN_LIBRARY_MAX = 4096  # forgotten beyond this (a program that compiles code on the fly)
 
 
@@ -121,13 +128,20 @@ def _site() -> tuple[str, int, str]:
         if frame is None:
             break
         code = frame.f_code
-        inside = known.get(code)
-        if inside is None:
+        entry = known.get(id(code))
+        if entry is None:
             if len(known) >= _IN_LIBRARY_MAX:
                 known.clear()
-            inside = known[code] = code.co_filename.startswith(_skip)
-        if not inside:
-            return (code.co_filename, frame.f_lineno, code.co_name)
+                _sites.clear()
+            entry = known[id(code)] = (code, code.co_filename.startswith(_skip))
+        if not entry[1]:
+            where = (id(code), frame.f_lasti)
+            site = _sites.get(where)
+            if site is None:
+                if len(_sites) >= _IN_LIBRARY_MAX:
+                    _sites.clear()
+                site = _sites[where] = (code.co_filename, frame.f_lineno, code.co_name)
+            return site
         frame = frame.f_back
     if first is None:
         return ("?", 0, "?")
