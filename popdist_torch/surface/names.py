@@ -181,6 +181,8 @@ GROUPS: tuple[Row, ...] = (
     supported(T, "accumulation_and_replication_reduction_type", "read (and assign): `ReductionType.Mean` or `Sum`"),
     supported(T, "meanAccumulationAndReplicationReductionStrategy", "read: what `setMeanAccumulationAndReplicationReductionStrategy` was given (default `Post`)"),
     no_op(T, "setMeanAccumulationAndReplicationReductionStrategy", "PopTorch chooses when a mean divides; the executor sums then divides once, which every strategy gives", lambda strategy: MeanReductionStrategy(strategy), key="meanAccumulationAndReplicationReductionStrategy"),
+    supported(T, "deterministicReduction", "project extension, not PopTorch's: the sum over replicas is the same bits whatever the split over instances and local replicas (as `poprun --deterministic-reduction`; [executor.md](executor.md))"),
+    supported(T, "deterministic_reduction", "project extension: read whether the deterministic reduction is on"),
     no_op(T, "setConvolutionDithering", "an IPU tile-placement choice", lambda enabled: bool(enabled)),
     no_op(T, "setAutomaticLossScaling", "PopTorch adapts a loss scale to keep float16 gradients in range; here float16 models keep float32 optimizer state and updates, and a fixed scale is the optimizer's `loss_scaling`", lambda enabled: bool(enabled), key="automatic_loss_scaling"),
     supported(D, "configureProcessId"),

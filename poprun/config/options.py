@@ -320,6 +320,11 @@ OPTIONS: tuple[Option, ...] = (
         attribute="backend",
         always=True,
     ),
+    _yes_no(
+        "deterministic_reduction",
+        "sum gradients over replicas in global replica order: the same weights, bit for bit, "
+        "whatever the split over instances (slower; exported)",
+    ),
     Option(
         "executable_cache_path",
         parse_absolute_directory,

@@ -117,6 +117,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "useOfflineIpuTarget": ((2,), "no-op"),
     "Training.accumulationAndReplicationReductionType": ((poptorch.ReductionType.Sum,), "set"),
     "Training.gradientAccumulation": ((4,), "set"),
+    "Training.deterministicReduction": ((True,), "set"),
     "Training.setAutomaticLossScaling": ((True,), "no-op"),
     "Training.setConvolutionDithering": ((True,), "no-op"),
     "Training.setMeanAccumulationAndReplicationReductionStrategy": (
@@ -164,6 +165,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
             "Training.gradient_accumulation",
             "Training.accumulation_and_replication_reduction_type",
             "Training.meanAccumulationAndReplicationReductionStrategy",
+            "Training.deterministic_reduction",
             "Distributed.num_distributed_processes",
             "Distributed.distributed_process_id",
         )
