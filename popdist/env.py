@@ -748,3 +748,8 @@ def generation(environ: Mapping[str, str] | None = None) -> int:
     if not raw.strip():
         return 0
     return _int(environ, GENERATION, minimum=0)
+
+
+def read_host(environ: Mapping[str, str] | None = None) -> str:
+    """This instance's host: poprun's name for it (``POPDIST_HOST``), else this machine's."""
+    return reported_as(os.environ if environ is None else environ)[1]
