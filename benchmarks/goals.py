@@ -370,6 +370,23 @@ def _progress() -> list[Goal]:
     return goals
 
 
+def _deterministic() -> list[Goal]:
+    goals = []
+    for split in ("2x3", "1x6"):
+
+        def md(mode: str, split: str = split) -> Figure:
+            return lambda d: statistics.median(d[split][mode])
+
+        goals.append(Goal(
+            f"issue 31: deterministic reduction / default, training throughput, {split} "
+            "(stated, not judged)",
+            "deterministic-reduction", at(split, "ratio"), None, "≥",
+            "{a:.0f} vs {b:.0f} samples/s (median of {n:.0f} block-pair ratios within launches)",
+            {"a": md("deterministic"), "b": md("default"), "n": lambda d, s=split: len(d[s]["ratios"])},
+            optional=split != "2x3"))  # fmt: skip
+    return goals
+
+
 GOALS: tuple[Goal, ...] = (
     *_launchers(),
     *_launch_overhead(),
@@ -380,4 +397,5 @@ GOALS: tuple[Goal, ...] = (
     *_slurm(),
     *_others(),
     *_progress(),
+    *_deterministic(),
 )

@@ -94,6 +94,9 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         "progress_overhead": (
             [PY, str(here / "progress_overhead.py"), "--rounds", "7"], 1200, "progress-overhead",
         ),
+        "deterministic": (
+            [PY, str(here / "deterministic.py"), "--launches", "3"], 900, "deterministic-reduction",
+        ),
     }  # fmt: skip
 
 
@@ -166,6 +169,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
     ("The torch.distributed backend", "torch-backend", None),
     ("Progress reporting: training throughput on and off", "progress-overhead", None),
+    ("Deterministic reduction: training throughput on and off", "deterministic-reduction", None),
 ]
 
 

@@ -248,7 +248,7 @@ def test_a_save_from_an_older_generation_is_refused(
     assert read_checkpoint(path)["generation"] == 2
     assert (tmp_path / ".c.pt.generation").read_text() == "2\n"
     monkeypatch.setenv("POPDIST_GENERATION", "1")  # an instance the relaunch left out
-    with pytest.raises(CheckpointError, match="generation 1 .* but generation 2 has written"):
+    with pytest.raises(CheckpointError, match=r"generation 1 .* but generation 2 has written"):
         save_checkpoint(path, model=model, step=9)
     assert read_checkpoint(path)["step"] == 4  # the survivors' checkpoint is untouched
     monkeypatch.setenv("POPDIST_GENERATION", "3")
