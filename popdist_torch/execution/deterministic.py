@@ -87,7 +87,9 @@ class ReplicaGradients:
         """
         flat = self._flat()
         if self._rows is None or self._rows.shape[1] != flat.numel():
-            self._rows = torch.zeros(max(self._counts), flat.numel(), dtype=flat.dtype)
+            self._rows = torch.zeros(
+                max(self._counts), flat.numel(), dtype=flat.dtype, device=flat.device
+            )
         if first:
             self._rows[replica].copy_(flat)
         else:
