@@ -37,6 +37,7 @@ from popdist_torch.errors import CheckpointError
 __all__ = [
     "HOST_FIELD",
     "check_generation",
+    "choose",
     "current_generation",
     "newest",
     "record_generation",
@@ -148,6 +149,17 @@ def writers(target: Path, collectives: Collectives) -> frozenset[int]:
 # -- the newest copy --------------------------------------------------------------------------
 
 
+def choose(keys: list[tuple[int, int] | None]) -> tuple[tuple[int, int], int] | None:
+    """The newest ``(generation, step)`` among the instances' copies and the lowest instance
+    holding it (``None``: no copy anywhere). A newer generation wins over a later step: a
+    host cut off from the job may have gone on saving on its own disk."""
+    held = [k for k in keys if k is not None]
+    if not held:
+        return None
+    best = max(held)
+    return best, keys.index(best)
+
+
 def newest(
     target: Path,
     collectives: Collectives,
@@ -167,11 +179,10 @@ def newest(
     gens = _flags(collectives, key[0] if key else -1, "popdist_torch.ckpt.generation")
     steps = _flags(collectives, key[1] if key else -1, "popdist_torch.ckpt.step")
     keys = [(g, s) if h else None for h, g, s in zip(has, gens, steps, strict=True)]
-    held = [k for k in keys if k is not None]
-    if not held:
+    chosen = choose(keys)
+    if chosen is None:
         return None
-    best = max(held)
-    holder = keys.index(best)
+    best, holder = chosen
     if all(k == best for k in keys):
         assert mine is not None
         return mine[1]

@@ -285,3 +285,13 @@ def test_resume_takes_no_damaged_copy(tmp_path: Path) -> None:
     path.write_bytes(bytes(raw))
     with pytest.warns(UserWarning, match="looking for another host's copy"):
         assert resume_checkpoint(path, model=net()) == 0  # no other host holds one
+
+
+def test_the_newest_copy_is_the_newest_generation_then_step() -> None:
+    from popdist_torch.host_copies import choose
+
+    assert choose([None, None]) is None
+    assert choose([None, (0, 3), (0, 3)]) == ((0, 3), 1)
+    # a cut-off host saved on alone (generation 0, step 9): the survivors' copy wins
+    assert choose([(0, 9), (1, 6), None]) == ((1, 6), 1)
+    assert choose([(1, 5), (1, 6), (1, 6)]) == ((1, 6), 1)
