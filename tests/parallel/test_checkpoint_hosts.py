@@ -1,6 +1,6 @@
 """A checkpoint that survives its host: 6 replicas as 3 instances × 2 on hosts h0, h1, h2
-(one directory per host stands for each host's disk) save after every step; h2 is lost and
-h0's copy with it, and the job resumes as 2 instances × 3 on h0 and h1, in generation 1,
+(one directory per host stands for each host's disk) save after every step; after step 4
+(mid-epoch) h2 is lost and h0's copy with it, and the job resumes as 2 instances × 3 on h0 and h1, in generation 1,
 from h1's copy. It ends, with the deterministic reduction, on the uninterrupted run's
 weights bit for bit, having consumed the uninterrupted run's multiset of samples; h0 holds a
 complete copy again. The uninterrupted run saves to one path all hosts share: only one
@@ -46,17 +46,17 @@ def test_a_lost_hosts_copy_comes_from_a_survivor_and_the_run_ends_unchanged(
         (tmp_path / host).mkdir()
     per_host = str(tmp_path / "{host}" / "ckpt.pt")
 
-    _run(out, "2,2,2", "h0,h1,h2", per_host, stop=3)
-    first = _results(out, 3, 0, 3)
-    assert [r["writes"] for r in first] == [3, 3, 3]  # one copy per host, every step
+    _run(out, "2,2,2", "h0,h1,h2", per_host, stop=4)  # mid-epoch: 3 steps an epoch
+    first = _results(out, 4, 0, 3)
+    assert [r["writes"] for r in first] == [4, 4, 4]  # one copy per host, every step
     for host in ("h0", "h1", "h2"):
-        assert read_checkpoint(tmp_path / host / "ckpt.pt")["step"] == 3
+        assert read_checkpoint(tmp_path / host / "ckpt.pt")["step"] == 4
     (tmp_path / "h0" / "ckpt.pt").unlink()  # instance 0's copy is gone with h2 (lost)
 
     _run(out, "3,3", "h0,h1", per_host, stop=6, generation=1)
-    resumed = _results(out, 6, 3, 2)
-    assert [r["start"] for r in resumed] == [3, 3]
-    assert [r["writes"] for r in resumed] == [1 + 3, 3]  # h0 stores h1's copy, then saves
+    resumed = _results(out, 6, 4, 2)
+    assert [r["start"] for r in resumed] == [4, 4]
+    assert [r["writes"] for r in resumed] == [1 + 2, 2]  # h0 stores h1's copy, then saves
     for host in ("h0", "h1"):
         state = read_checkpoint(tmp_path / host / "ckpt.pt")
         assert (state["step"], state["generation"]) == (6, 1)
