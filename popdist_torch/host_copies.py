@@ -11,7 +11,7 @@
   writers each drop a probe file named after it; a writer that sees the probe of a lower
   instance shares its file and leaves the writing to it. The answer is kept per path.
 - **Fenced by generation.** Every copy carries the job's membership generation
-  (``POPDIST_GENERATION``, raised by poprun at each relaunch on fewer hosts) and the
+  (:func:`popdist.env.generation`, raised by poprun at each relaunch on fewer hosts) and the
   directory records the newest generation that wrote there (``.<name>.generation``). A write
   from an older generation is refused, so an instance cut off from the job can never
   overwrite the survivors' checkpoint.
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from popdist.collectives.base import Collectives
-from popdist.env import PopdistError, generation, read_host, read_run
+from popdist.env import GENERATION, PopdistError, generation, read_host, read_run
 from popdist_torch.errors import CheckpointError
 
 __all__ = [
@@ -90,7 +90,7 @@ def check_generation(target: Path, mine: int) -> None:
     if mine < recorded:
         raise CheckpointError(
             f"refusing to save checkpoint {target}: this instance belongs to membership "
-            f"generation {mine} (POPDIST_GENERATION) but generation {recorded} has written "
+            f"generation {mine} ({GENERATION}) but generation {recorded} has written "
             f"there; the job was relaunched without this instance, which must stop"
         )
 
