@@ -29,6 +29,7 @@ from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
 from popdist_torch.execution.batch import Batch
 from popdist_torch.execution.device import DeviceSide
+from popdist_torch.execution.latency import Latency
 from popdist_torch.execution.observation import Observation
 from popdist_torch.execution.outputs import OutputCollector
 from popdist_torch.execution.placement import (
@@ -40,7 +41,7 @@ from popdist_torch.execution.placement import (
 )
 from popdist_torch.execution.reducer import GradientReducer, broadcast_state, connect
 from popdist_torch.execution.runners import ReplicaRunner, make_runner, uses_stages
-from popdist_torch.optim import SGD, PopTorchOptimizer, loss_scaling_of
+from popdist_torch.optim import SGD, PopTorchOptimizer, check_constants, loss_scaling_of
 from popdist_torch.options import Options
 
 __all__ = [
@@ -104,7 +105,7 @@ def _connect(
     return GradientReducer(collectives, model.named_parameters(), average=average)
 
 
-class PoplarExecutor(DeviceSide, Observation):
+class PoplarExecutor(DeviceSide, Observation, Latency):
     """A wrapped model (PopTorch's name): call it with a whole batch per call."""
 
     def __init__(
@@ -313,12 +314,13 @@ class PoplarExecutor(DeviceSide, Observation):
     def _train(self, batch: Batch) -> Any:
         opts, optimizer = self._options, self._optimizer
         assert optimizer is not None
+        check_constants(optimizer)  # PopTorch's constant attributes: fixed from the first run
         mean = opts.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
         scale = 1.0 / (batch.accumulation * batch.replicas) if mean else 1.0
         # PopTorch's loss scaling: the backward pass carries the factor, the step removes it.
         loss_scaling = loss_scaling_of(optimizer)
         collector = self._collector()
-        for d in range(batch.iterations):
+        for d in self._timed(batch.iterations):
             optimizer.zero_grad(set_to_none=True)
             self._runner.forward_backward(batch, d, scale=scale * loss_scaling, collector=collector)
             if loss_scaling != 1.0:
@@ -332,7 +334,7 @@ class PoplarExecutor(DeviceSide, Observation):
 
     def _infer(self, batch: Batch) -> Any:
         collector = self._collector()
-        for d in range(batch.iterations):
+        for d in self._timed(batch.iterations):
             if collector.wants(d, 0):
                 self._runner.forward(batch, d, collector)
             if self._anchors is not None:

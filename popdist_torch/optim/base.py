@@ -32,15 +32,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar, cast, overload
 
 import torch
 
 from popdist_torch.errors import OptimizerError
+from popdist_torch.optim.attributes import GLOBAL_ATTRIBUTES, VariableAttributes
 from popdist_torch.surface.names import rows_of
 from popdist_torch.surface.rows import REFUSED
 
-__all__ = ["Params", "PopTorchOptimizer", "loss_scaling_of"]
+__all__ = [
+    "Params",
+    "PopTorchOptimizer",
+    "given",
+    "loss_scaling_of",
+    "or_default",
+    "torch_keywords",
+]
 
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
@@ -52,6 +60,21 @@ ACCUM_TYPES = (torch.float32, torch.float16)
 
 #: Parameter types whose update is computed in float32 (PopTorch's half-precision weights).
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def given(arguments: dict[str, Any]) -> list[str]:
+    """The names of the arguments passed with a value (PopTorch: ``None`` is "not given")."""
+    return [name for name, value in arguments.items() if value is not None]
+
+
+def or_default(value: Any, default: Any) -> Any:
+    """``value``, or PopTorch's (torch's) ``default`` when it is ``None``."""
+    return default if value is None else value
+
+
+def torch_keywords(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Torch's own keyword arguments (``foreach``, ``maximize``...) without the ``None`` ones."""
+    return {name: value for name, value in kwargs.items() if value is not None}
 
 
 def refuse_argument(name: str, value: Any) -> None:
@@ -133,6 +156,18 @@ class PopTorchOptimizer:
     _state_types: ClassVar[dict[str, str]] = {}
     _torch_optimizer: type[torch.optim.Optimizer]
     _gradient_scale: float = 1.0
+
+    variable_attrs: VariableAttributes
+
+    def _track_variables(self, passed: Iterable[str]) -> None:
+        """PopTorch's ``variable_attrs``: the attributes ``passed`` are variable, others constant."""
+        self.variable_attrs = VariableAttributes(passed, [*self.defaults, *GLOBAL_ATTRIBUTES])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Torch's state plus PopTorch's attributes (``copy.deepcopy`` and pickle keep them)."""
+        state = dict(cast("dict[str, Any]", super().__getstate__()))
+        state.update((k, v) for k, v in vars(self).items() if not k.startswith("_"))
+        return state
 
     def _set_group_defaults(self, **values: Any) -> None:
         for key, value in values.items():

@@ -250,9 +250,7 @@ class Options(ObservingOptions):
     def clone(self) -> Options:
         """A mutable copy (the execution strategy object is shared, not copied)."""
         memo = {id(self._execution_strategy): self._execution_strategy}
-        out = copy.deepcopy(self, memo)
-        out._unfreeze()
-        return out
+        return copy.deepcopy(self, memo)
 
     def defaultOutputMode(self) -> bool:
         """Whether the output mode is still ``Default`` (resolved per model kind)."""

@@ -211,7 +211,7 @@ GROUPS: tuple[Row, ...] = (
 S = "TensorLocationSettings"
 LOCATION_SETTINGS: tuple[Row, ...] = (
     supported(S, "useOnChipStorage", "for `setOptimizerLocation`; `toDict()` has PopTorch's keys (`onChip`...)"),
-    refused(S, "useReplicatedTensorSharding", "every replica keeps the whole optimizer state; leave it off", when=lambda use=True: bool(use), when_text="for `True`"),
+    no_op(S, "useReplicatedTensorSharding", "PopTorch shards the optimizer state over the replicas to save memory, which changes no number; here every instance keeps the whole state, so the numbers are the same and no memory is saved (kept as `useReplicatedTensorSharding`, PopTorch's key)", lambda use=True: int(bool(use))),
     no_op(S, "minElementsForOffChip", "PopTorch's on-chip size threshold; there is no on-chip memory", lambda min_elements: min_elements),
     no_op(S, "minElementsForReplicatedTensorSharding", "there is no replicated tensor sharding", lambda min_elements: min_elements),
     no_op(S, "useIOTilesToLoad", "there are no IO tiles", lambda use=True: bool(use)),
@@ -243,10 +243,22 @@ EXECUTOR: tuple[Row, ...] = (
     refused(E, "cycleCount", "there are no IPU cycles; time calls with time.perf_counter()"),
     refused(E, "compilationTime", "there is no compilation (isCompiled() says whether the model ran or compile() checked a batch)"),
     refused(E, "getPerfCounters", _NO_IPU),
-    refused(E, "getLatency", _NO_IPU),
+    supported(E, "getLatency", "`(min, max, mean)` in seconds of the last call's device iterations, each timed on the host from the start of reading its inputs to its outputs kept (training: after the optimizer step); `(0.0, 0.0, 0.0)` before the first call"),
     refused(E, "getHostIpuLatency", _NO_IPU),
     refused(E, "getComputeLatency", _NO_IPU),
     refused(E, "getIpuHostLatency", _NO_IPU),
+)
+
+PO = "poptorch.optim"
+OPTIMIZERS: tuple[Row, ...] = (
+    supported(PO, "SGD", "`torch.optim.SGD` with PopTorch's arguments (below)"),
+    supported(PO, "Adam", "`torch.optim.Adam` with PopTorch's arguments"),
+    supported(PO, "AdamW", "`torch.optim.AdamW` with PopTorch's arguments"),
+    supported(PO, "RMSprop", "`torch.optim.RMSprop` with PopTorch's arguments"),
+    supported(PO, "LAMB", "PopTorch's LAMB"),
+    supported(PO, "Optimizer", "the base class of every optimizer above: `isinstance(opt, poptorch.optim.Optimizer)`"),
+    supported(PO, "VariableAttributes", "the type of `variable_attrs`: `isConstant(attr)`, `markAsConstant(attr)`, `markAsVariable(attr)` (an unknown attribute raises `OptimizerError`)"),
+    supported("poptorch.optim.Optimizer", "variable_attrs", "as PopTorch: the attributes passed to the constructor (not `None`) are variable, the others constant; from a training model's first call, changing a constant attribute (in any param group) raises `OptimizerError` naming it and the fix, before the call runs; torch's own optimizers change freely"),
 )
 
 M = "optim"
@@ -339,6 +351,7 @@ NAMES: tuple[Row, ...] = (
     *GROUPS,
     *LOCATION_SETTINGS,
     *EXECUTOR,
+    *OPTIMIZERS,
     *OPTIMIZER_ARGUMENTS,
     *TORCH_OPS,
     *POPART,
