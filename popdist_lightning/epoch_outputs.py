@@ -1,0 +1,151 @@
+"""Lightning 1.9's ``*_epoch_end(outputs)`` hooks, called on Lightning 2 with the step outputs.
+
+Graphcore's Lightning examples were written for Lightning 1.9, which called
+``training_epoch_end(outputs)``, ``validation_epoch_end(outputs)`` and
+``test_epoch_end(outputs)`` at the end of each epoch with what every step returned.
+Lightning 2 removed them: a module that defines them would run and silently skip them.
+Under ``IPUStrategy`` a module that defines one gets :class:`EpochOutputs`, a callback placed
+first among the trainer's callbacks that keeps each step's outputs (detached, as Lightning
+1.9 kept them) and calls the hook with them at the end of the epoch, before the module's
+own ``on_*_epoch_end``, as Lightning 1.9 did; one warning says Lightning 2 removed the hook.
+Lightning 2 refuses a module whose hooks it sees, so while the run lasts the callback keeps
+them and hides them on the module's instance (restored when the run ends).
+
+The outputs are Lightning 1.9's: ``training_epoch_end`` gets one dict per training step
+(``{"loss": <detached loss>, ...}``, what Lightning hands ``on_train_batch_end``);
+``validation_epoch_end`` and ``test_epoch_end`` get the values the steps returned
+(``None`` left out), one list per dataloader when there are several.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import Tensor
+
+__all__ = ["EPOCH_END_HOOKS", "EpochOutputs", "attach_epoch_outputs"]
+
+#: Lightning 1.9's epoch-end hooks that take the outputs, and the hook each runs in.
+EPOCH_END_HOOKS: Mapping[str, str] = {
+    "training_epoch_end": "on_train_epoch_end",
+    "validation_epoch_end": "on_validation_epoch_end",
+    "test_epoch_end": "on_test_epoch_end",
+}
+
+
+def _detached(outputs: Any) -> Any:
+    return apply_to_collection(outputs, Tensor, lambda t: t.detach())
+
+
+class EpochOutputs(pl.Callback):
+    """Keeps the step outputs of one epoch and hands them to the module's 1.9 hooks."""
+
+    def __init__(self, module: Any, hooks: tuple[str, ...]) -> None:
+        self.hooks = hooks
+        self._kept: dict[str, dict[int, list[Any]]] = {}
+        # Lightning 2 refuses a module whose instance has these names: the callback keeps
+        # the bound hooks and hides them on the instance until the run ends.
+        self._bound = {hook: getattr(type(module), hook).__get__(module) for hook in hooks}
+        self._module = module
+        for hook in hooks:
+            module.__dict__[hook] = None
+
+    def _restore(self) -> None:
+        for hook in self.hooks:
+            self._module.__dict__.pop(hook, None)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()
+
+    def _keep(self, hook: str, outputs: Any, dataloader_idx: int = 0) -> None:
+        if hook in self.hooks and outputs is not None:
+            per_loader = self._kept.setdefault(hook, {})
+            per_loader.setdefault(dataloader_idx, []).append(_detached(outputs))
+
+    def _call(self, module: pl.LightningModule, hook: str, loaders: int = 1) -> None:
+        if hook not in self.hooks:
+            return
+        kept = self._kept.pop(hook, {})
+        if loaders > 1:
+            self._bound[hook]([kept.get(i, []) for i in range(loaders)])
+        else:
+            self._bound[hook](kept.get(0, []))
+
+    # -- training ----------------------------------------------------------------------
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._kept.pop("training_epoch_end", None)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
+    ) -> None:
+        self._keep("training_epoch_end", outputs)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._call(pl_module, "training_epoch_end")
+
+    # -- validation and test -------------------------------------------------------------
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._kept.pop("validation_epoch_end", None)
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._keep("validation_epoch_end", outputs, dataloader_idx)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._call(pl_module, "validation_epoch_end", len(trainer.num_val_batches))
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._kept.pop("test_epoch_end", None)
+
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._keep("test_epoch_end", outputs, dataloader_idx)
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._call(pl_module, "test_epoch_end", len(trainer.num_test_batches))
+
+
+def attach_epoch_outputs(module: Any, trainer: Any) -> None:
+    """Give ``trainer`` an :class:`EpochOutputs` first among its callbacks if ``module`` needs one.
+
+    A callback of an earlier run is replaced (the module may differ); one warning per hook
+    says that Lightning 2 removed it.
+    """
+    hooks = tuple(hook for hook in EPOCH_END_HOOKS if callable(getattr(type(module), hook, None)))
+    if trainer is None:
+        return
+    callbacks = [c for c in trainer.callbacks if not isinstance(c, EpochOutputs)]
+    if hooks:
+        callbacks.insert(0, EpochOutputs(module, hooks))
+    trainer.callbacks = callbacks
+    for hook in hooks:
+        rank_zero_warn(
+            f"{type(module).__name__}.{hook}(outputs) is a Lightning 1.x hook that Lightning 2 "
+            f"removed: IPUStrategy calls it with the epoch's step outputs, before "
+            f"{EPOCH_END_HOOKS[hook]} (on Lightning 2 alone, move it to "
+            f"{EPOCH_END_HOOKS[hook]}(self) and keep the outputs yourself)",
+            category=UserWarning,
+        )
