@@ -27,7 +27,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 
-__all__ = ["EPOCH_END_HOOKS", "EpochOutputs", "attach_epoch_outputs"]
+from popdist_lightning.legacy import check_hooks
+
+__all__ = ["EPOCH_END_HOOKS", "EpochOutputs", "attach_epoch_outputs", "connect_legacy_hooks"]
 
 #: Lightning 1.9's epoch-end hooks that take the outputs, and the hook each runs in.
 EPOCH_END_HOOKS: Mapping[str, str] = {
@@ -149,3 +151,10 @@ def attach_epoch_outputs(module: Any, trainer: Any) -> None:
             f"{EPOCH_END_HOOKS[hook]}(self) and keep the outputs yourself)",
             category=UserWarning,
         )
+
+
+def connect_legacy_hooks(module: Any, trainer: Any) -> None:
+    """When ``IPUStrategy`` connects ``module``: refuse the 1.x hooks Lightning 2 would skip
+    (:func:`~popdist_lightning.legacy.check_hooks`), call 1.9's ``*_epoch_end(outputs)``."""
+    check_hooks(module, trainer.callbacks if trainer is not None else ())
+    attach_epoch_outputs(module, trainer)

@@ -29,7 +29,6 @@ from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
 from popdist_torch.execution.batch import Batch
 from popdist_torch.execution.device import DeviceSide
-from popdist_torch.execution.latency import Latency
 from popdist_torch.execution.observation import Observation
 from popdist_torch.execution.outputs import OutputCollector
 from popdist_torch.execution.placement import (
@@ -105,7 +104,7 @@ def _connect(
     return GradientReducer(collectives, model.named_parameters(), average=average)
 
 
-class PoplarExecutor(DeviceSide, Observation, Latency):
+class PoplarExecutor(DeviceSide, Observation):
     """A wrapped model (PopTorch's name): call it with a whole batch per call."""
 
     def __init__(

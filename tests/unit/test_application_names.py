@@ -20,7 +20,7 @@ import popdist_torch as poptorch
 from popdist_torch.data import DataLoader
 from popdist_torch.enums import DataLoaderMode
 from popdist_torch.errors import OptimizerError
-from popdist_torch.execution import latency
+from popdist_torch.execution import observation
 from tests.support.data import make_options
 
 pytestmark = pytest.mark.unit
@@ -246,7 +246,7 @@ def test_rebatched_worker_size_is_still_checked_where_it_applies() -> None:
 
 
 class _Clock:
-    """A fake ``time`` for the latency module: the model's forward advances it."""
+    """A fake ``time`` for the executor's latency clock: the model's forward advances it."""
 
     def __init__(self) -> None:
         self.now = 100.0
@@ -273,7 +273,7 @@ def test_get_latency_is_min_max_mean_of_the_last_calls_iterations(
     training: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = _Clock()
-    monkeypatch.setattr(latency, "time", clock)
+    monkeypatch.setattr(observation, "time", clock)
     model = _Costly(clock, [1.0, 4.0, 2.5, 0.5, 0.5, 0.5])
     opts = poptorch.Options().deviceIterations(3)
     wrap = poptorch.trainingModel if training else poptorch.inferenceModel
