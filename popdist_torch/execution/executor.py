@@ -41,6 +41,7 @@ from popdist_torch.execution.placement import (
 from popdist_torch.execution.reducer import GradientReducer, broadcast_state, connect
 from popdist_torch.execution.runners import ReplicaRunner, make_runner, uses_stages
 from popdist_torch.optim import SGD, PopTorchOptimizer, check_constants, loss_scaling_of
+from popdist_torch.optim.sharded import StateShards, step
 from popdist_torch.options import Options
 
 __all__ = [
@@ -104,6 +105,13 @@ def _connect(
     return GradientReducer(collectives, model.named_parameters(), average=average)
 
 
+def _shards(opts: Options, reducer: GradientReducer | None) -> StateShards | None:
+    """The optimizer-state shards when the options shard it and there are other instances."""
+    if reducer is None or not opts.TensorLocations.optimizer_sharded:
+        return None
+    return StateShards(reducer.collectives)
+
+
 class PoplarExecutor(DeviceSide, Observation):
     """A wrapped model (PopTorch's name): call it with a whole batch per call."""
 
@@ -139,6 +147,7 @@ class PoplarExecutor(DeviceSide, Observation):
         )
         place(model, self._optimizer, self._device)
         self._reducer = _connect(model, opts, self._optimizer)
+        self._shards = _shards(opts, self._reducer)
         # ``Block`` contexts show only when forward runs: the first call watches for them.
         self._watch_blocks = not uses_stages(model, opts)
         self._runner: ReplicaRunner = make_runner(
@@ -326,7 +335,7 @@ class PoplarExecutor(DeviceSide, Observation):
                 assert isinstance(optimizer, PopTorchOptimizer)
                 optimizer.unscale_next_step(loss_scaling)
             with self._optimizer_state_on_device():
-                optimizer.step()
+                step(optimizer, self._shards)
             if self._anchors is not None:
                 self._anchors.after_update(d)
         return collector.result()

@@ -29,8 +29,9 @@ outside the executor sees unscaled gradients and divides nothing.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast, overload
 
@@ -156,6 +157,7 @@ class PopTorchOptimizer:
     _state_types: ClassVar[dict[str, str]] = {}
     _torch_optimizer: type[torch.optim.Optimizer]
     _gradient_scale: float = 1.0
+    _owned: set[int] | None = None
 
     variable_attrs: VariableAttributes
 
@@ -208,10 +210,43 @@ class PopTorchOptimizer:
         working = self._working_copies(scale)
         try:
             self._clip_gradients()
-            self._update()
+            with self._only_owned(working):
+                self._update()
         finally:
             self._write_back(working)
         return loss
+
+    def step_only(self, owned: set[int]) -> None:
+        """One step that updates only the parameters whose ``id`` is in ``owned``.
+
+        For the sharded optimizer state (:mod:`popdist_torch.optim.sharded`): unscaling and
+        clipping still read every gradient, as the whole step does.
+        """
+        self._owned = owned
+        try:
+            self.step()
+        finally:
+            self._owned = None
+
+    @contextlib.contextmanager
+    def _only_owned(self, working: list[_Working]) -> Iterator[None]:
+        """Hide the gradients of the parameters not owned from the update (then restore them)."""
+        owned = self._owned
+        if owned is None:
+            yield
+            return
+        originals = {id(item.working): item.param for item in working}
+        hidden = []
+        for group in self.param_groups:
+            for q in group["params"]:
+                if id(originals.get(id(q), q)) not in owned and q.grad is not None:
+                    hidden.append((q, q.grad))
+                    q.grad = None
+        try:
+            yield
+        finally:
+            for q, grad in hidden:
+                q.grad = grad
 
     def _stored_types(self) -> dict[str, torch.dtype]:
         return {key: getattr(self, attr) for key, attr in self._state_types.items()}

@@ -190,7 +190,7 @@ GROUPS: tuple[Row, ...] = (
     supported(D, "numProcesses", "property"),
     supported(D, "num_distributed_processes", "read: the number of processes (PopTorch's value name; under poprun the instance count)"),
     supported(D, "distributed_process_id", "read: this process's index (under poprun the instance index)"),
-    supported(L, "setOptimizerLocation", "`useOnChipStorage(False)` keeps optimizer state in host memory between updates; reads back as `location_optimizer`"),
+    supported(L, "setOptimizerLocation", "`useOnChipStorage(False)` keeps optimizer state in host memory between updates; `useReplicatedTensorSharding(True)` shards it over the instances; reads back as `location_optimizer`"),
     no_op(L, "setActivationLocation", "PopTorch keeps activations on or off chip; they stay where torch computes them (kept as `location_activation`)", lambda location: location.toDict(), key="location_activation"),
     no_op(L, "setWeightLocation", "PopTorch keeps weights on or off chip; they stay in the user's module (kept as `location_weight`)", lambda location: location.toDict(), key="location_weight"),
     no_op(L, "setAccumulatorLocation", "PopTorch keeps accumulators on or off chip; accumulated gradients are the parameters' `.grad` (kept as `location_accumulator`)", lambda location: location.toDict(), key="location_accumulator"),
@@ -211,9 +211,9 @@ GROUPS: tuple[Row, ...] = (
 S = "TensorLocationSettings"
 LOCATION_SETTINGS: tuple[Row, ...] = (
     supported(S, "useOnChipStorage", "for `setOptimizerLocation`; `toDict()` has PopTorch's keys (`onChip`...)"),
-    no_op(S, "useReplicatedTensorSharding", "PopTorch shards the optimizer state over the replicas to save memory, which changes no number; here every instance keeps the whole state, so the numbers are the same and no memory is saved (kept as `useReplicatedTensorSharding`, PopTorch's key)", lambda use=True: int(bool(use))),
+    supported(S, "useReplicatedTensorSharding", "for `setOptimizerLocation`: the optimizer state is sharded over the instances, as torch's `ZeroRedundancyOptimizer` does: each instance keeps and updates the state of its share of the parameters and broadcasts them; the weights are those of the unsharded run, bit for bit (one instance: no effect); `toDict()` has PopTorch's key"),
     no_op(S, "minElementsForOffChip", "PopTorch's on-chip size threshold; there is no on-chip memory", lambda min_elements: min_elements),
-    no_op(S, "minElementsForReplicatedTensorSharding", "there is no replicated tensor sharding", lambda min_elements: min_elements),
+    no_op(S, "minElementsForReplicatedTensorSharding", "PopTorch shards only larger tensors; here every parameter's state is sharded", lambda min_elements: min_elements),
     no_op(S, "useIOTilesToLoad", "there are no IO tiles", lambda use=True: bool(use)),
     no_op(S, "useIOTilesToStore", "there are no IO tiles", lambda use=True: bool(use)),
 )
