@@ -14,11 +14,14 @@ them and hides them on the module's instance (restored when the run ends).
 The outputs are Lightning 1.9's: ``training_epoch_end`` gets one dict per training step
 (``{"loss": <detached loss>, ...}``, what Lightning hands ``on_train_batch_end``);
 ``validation_epoch_end`` and ``test_epoch_end`` get the values the steps returned
-(``None`` left out), one list per dataloader when there are several.
+(``None`` left out), one list per dataloader when there are several. A module whose
+``on_predict_epoch_end`` takes Lightning 1.9's ``results`` gets the predictions, one list
+per dataloader, as 1.9 gave them (Lightning 2 calls it with none).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +32,13 @@ from torch import Tensor
 
 from popdist_lightning.legacy import check_hooks
 
-__all__ = ["EPOCH_END_HOOKS", "EpochOutputs", "attach_epoch_outputs", "connect_legacy_hooks"]
+__all__ = [
+    "EPOCH_END_HOOKS",
+    "PREDICT_HOOK",
+    "EpochOutputs",
+    "attach_epoch_outputs",
+    "connect_legacy_hooks",
+]
 
 #: Lightning 1.9's epoch-end hooks that take the outputs, and the hook each runs in.
 EPOCH_END_HOOKS: Mapping[str, str] = {
@@ -37,6 +46,14 @@ EPOCH_END_HOOKS: Mapping[str, str] = {
     "validation_epoch_end": "on_validation_epoch_end",
     "test_epoch_end": "on_test_epoch_end",
 }
+
+#: Lightning 1.9 called ``on_predict_epoch_end(results)`` with the predictions; Lightning 2
+#: calls it without them, so a module written for 1.9 fails with a ``TypeError``.
+PREDICT_HOOK = "on_predict_epoch_end"
+
+
+def _loaders(trainer: pl.Trainer) -> int:
+    return max(1, len(trainer.num_predict_batches))
 
 
 def _detached(outputs: Any) -> Any:
@@ -112,6 +129,25 @@ class EpochOutputs(pl.Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._call(pl_module, "validation_epoch_end", len(trainer.num_val_batches))
 
+    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._kept.pop(PREDICT_HOOK, None)
+
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._keep(PREDICT_HOOK, outputs, dataloader_idx)
+
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if PREDICT_HOOK in self.hooks:  # 1.9: always one list per dataloader
+            kept = self._kept.pop(PREDICT_HOOK, {})
+            self._bound[PREDICT_HOOK]([kept.get(i, []) for i in range(_loaders(trainer))])
+
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._kept.pop("test_epoch_end", None)
 
@@ -137,6 +173,8 @@ def attach_epoch_outputs(module: Any, trainer: Any) -> None:
     says that Lightning 2 removed it.
     """
     hooks = tuple(hook for hook in EPOCH_END_HOOKS if callable(getattr(type(module), hook, None)))
+    if _takes_results(getattr(type(module), PREDICT_HOOK, None)):
+        hooks += (PREDICT_HOOK,)
     if trainer is None:
         return
     callbacks = [c for c in trainer.callbacks if not isinstance(c, EpochOutputs)]
@@ -144,13 +182,32 @@ def attach_epoch_outputs(module: Any, trainer: Any) -> None:
         callbacks.insert(0, EpochOutputs(module, hooks))
     trainer.callbacks = callbacks
     for hook in hooks:
-        rank_zero_warn(
-            f"{type(module).__name__}.{hook}(outputs) is a Lightning 1.x hook that Lightning 2 "
-            f"removed: IPUStrategy calls it with the epoch's step outputs, before "
-            f"{EPOCH_END_HOOKS[hook]} (on Lightning 2 alone, move it to "
-            f"{EPOCH_END_HOOKS[hook]}(self) and keep the outputs yourself)",
-            category=UserWarning,
-        )
+        if hook == PREDICT_HOOK:
+            message = (
+                f"{type(module).__name__}.{hook}(results) is Lightning 1.x's form of the hook: "
+                f"IPUStrategy calls it with the predictions, one list per dataloader (Lightning "
+                f"2 calls {hook}(self), without them)"
+            )
+        else:
+            message = (
+                f"{type(module).__name__}.{hook}(outputs) is a Lightning 1.x hook that Lightning "
+                f"2 removed: IPUStrategy calls it with the epoch's step outputs, before "
+                f"{EPOCH_END_HOOKS[hook]} (on Lightning 2 alone, move it to "
+                f"{EPOCH_END_HOOKS[hook]}(self) and keep the outputs yourself)"
+            )
+        rank_zero_warn(message, category=UserWarning)
+
+
+def _takes_results(hook: Any) -> bool:
+    """Whether ``hook`` (a class's function) needs an argument besides ``self`` (1.9's form)."""
+    if not callable(hook):
+        return False
+    parameters = list(inspect.signature(hook).parameters.values())[1:]
+    return any(
+        p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for p in parameters
+    )
 
 
 def connect_legacy_hooks(module: Any, trainer: Any) -> None:

@@ -338,6 +338,21 @@ def test_lightning1_epoch_end_hooks_with_two_loaders_and_none_outputs() -> None:
     assert [float(o.flatten()[0]) for o in test] == [1.0, 3.0, 5.0]
 
 
+class _PredictResults(Classifier):
+    def on_predict_epoch_end(self, results: Any) -> None:  # Lightning 1.9's form
+        self.results = results
+
+
+def test_lightning1_on_predict_epoch_end_gets_the_predictions() -> None:
+    module = _PredictResults(MICRO)
+    trainer = _trainer(IPUStrategy(), devices=2, limit_predict_batches=3)
+    with pytest.warns(UserWarning, match=r"on_predict_epoch_end\(results\) is Lightning 1.x"):
+        predictions = trainer.predict(module)
+    assert predictions is not None and len(module.results) == 1  # one list per dataloader
+    assert len(module.results[0]) == 3
+    assert all(torch.equal(a, b) for a, b in zip(module.results[0], predictions, strict=True))
+
+
 class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Any:
         return iter(torch.arange(40.0))
