@@ -231,6 +231,18 @@ def test_async_options_in_sync_mode_are_ignored_with_a_note(
     assert len(list(loader)) == 4
 
 
+def test_an_output_return_period_outside_every_n_is_ignored_with_a_note(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="popdist_torch"):
+        opts = poptorch.Options().outputMode(poptorch.OutputMode.All, 3)
+    assert (opts.output_mode, opts.output_return_period) == (poptorch.OutputMode.All, 1)
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 1 and "ignored" in notes[0] and "EveryN" in notes[0]
+    executor = poptorch.inferenceModel(nn.Linear(4, 2), opts.deviceIterations(2))
+    assert executor(torch.ones(2, 4)).shape == (2, 2)  # All: every iteration's outputs
+
+
 def test_rebatched_worker_size_is_still_checked_where_it_applies() -> None:
     with pytest.raises(ValueError, match="rebatched_worker_size=3 is invalid"):
         DataLoader(
