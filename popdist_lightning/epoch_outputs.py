@@ -66,8 +66,9 @@ class EpochOutputs(pl.Callback):
     def __init__(self, module: Any, hooks: tuple[str, ...]) -> None:
         self.hooks = hooks
         self._kept: dict[str, dict[int, list[Any]]] = {}
-        # Lightning 2 refuses a module whose instance has these names: the callback keeps
-        # the bound hooks and hides them on the instance until the run ends.
+        # Lightning 2 refuses a module whose instance has the epoch-end names (and calls
+        # on_predict_epoch_end without results): the callback keeps the bound hooks and
+        # hides them on the instance until the run ends.
         self._bound = {hook: getattr(type(module), hook).__get__(module) for hook in hooks}
         self._module = module
         for hook in hooks:
@@ -175,7 +176,9 @@ def attach_epoch_outputs(module: Any, trainer: Any) -> None:
     hooks = tuple(hook for hook in EPOCH_END_HOOKS if callable(getattr(type(module), hook, None)))
     if _takes_results(getattr(type(module), PREDICT_HOOK, None)):
         hooks += (PREDICT_HOOK,)
-    if trainer is None:
+    if trainer is None or not (
+        hooks or any(isinstance(c, EpochOutputs) for c in trainer.callbacks)
+    ):
         return
     callbacks = [c for c in trainer.callbacks if not isinstance(c, EpochOutputs)]
     if hooks:
