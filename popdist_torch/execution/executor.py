@@ -14,10 +14,8 @@ model of the same module share them.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,7 +32,7 @@ from popdist_torch.execution.outputs import OutputCollector
 from popdist_torch.execution.placement import (
     CPU,
     instance_device,
-    move_optimizer_state,
+    optimizer_state_on_device,
     place,
     to_host,
 )
@@ -334,7 +332,7 @@ class PoplarExecutor(DeviceSide, Observation):
             if loss_scaling != 1.0:
                 assert isinstance(optimizer, PopTorchOptimizer)
                 optimizer.unscale_next_step(loss_scaling)
-            with self._optimizer_state_on_device():
+            with optimizer_state_on_device(optimizer, opts.TensorLocations.optimizer_on_chip):
                 step(optimizer, self._shards)
             if self._anchors is not None:
                 self._anchors.after_update(d)
@@ -348,20 +346,6 @@ class PoplarExecutor(DeviceSide, Observation):
             if self._anchors is not None:
                 self._anchors.after_update(d)
         return collector.result()
-
-    @contextlib.contextmanager
-    def _optimizer_state_on_device(self) -> Iterator[None]:
-        """Optimizer state in host memory between updates when the options ask for it."""
-        optimizer = self._optimizer
-        assert optimizer is not None
-        if self._options.TensorLocations.optimizer_on_chip:
-            yield
-            return
-        move_optimizer_state(optimizer, lambda p: p.device)
-        try:
-            yield
-        finally:
-            move_optimizer_state(optimizer, lambda p: CPU)
 
 
 def trainingModel(
