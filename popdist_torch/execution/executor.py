@@ -105,9 +105,10 @@ def _connect(
 
 def _shards(opts: Options, reducer: GradientReducer | None) -> StateShards | None:
     """The optimizer-state shards when the options shard it and there are other instances."""
-    if reducer is None or not opts.TensorLocations.optimizer_sharded:
+    locations = opts.TensorLocations
+    if reducer is None or not locations.optimizer_sharded:
         return None
-    return StateShards(reducer.collectives)
+    return StateShards(reducer.collectives, locations.sharding_min_elements)
 
 
 class PoplarExecutor(DeviceSide, Observation):

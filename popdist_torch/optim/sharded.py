@@ -5,7 +5,9 @@
 replicas to save memory, without changing any number. Here it is done as torch's
 ``ZeroRedundancyOptimizer`` does it, on popdist's collectives: every parameter has one
 *owner* instance (:func:`partition`: greedily, largest tensors first, to the instance with
-the fewest elements so far, the same on every instance); at each update every instance,
+the fewest elements so far, the same on every instance; with
+``minElementsForReplicatedTensorSharding(n)``, tensors of ``n`` elements or fewer have none:
+every instance updates them itself, as PopTorch leaves them unsharded); at each update every instance,
 holding the same reduced gradients, runs the optimizer's step on the parameters it owns
 only (the others' gradients are hidden from the update, after PopTorch's unscaling and
 clipping, which read them all), so it creates and keeps optimizer state for its shard only;
@@ -30,7 +32,7 @@ import torch
 from popdist.collectives.base import Collectives
 from popdist_torch.optim.base import PopTorchOptimizer
 
-__all__ = ["StateShards", "gather_state", "partition", "step"]
+__all__ = ["EVERYONE", "StateShards", "gather_state", "partition", "step"]
 
 #: The shards of every sharded optimizer, for :func:`gather_state`.
 _SHARDED: weakref.WeakKeyDictionary[torch.optim.Optimizer, StateShards] = (
@@ -38,11 +40,20 @@ _SHARDED: weakref.WeakKeyDictionary[torch.optim.Optimizer, StateShards] = (
 )
 
 
-def partition(sizes: Sequence[int], instances: int) -> list[int]:
-    """The owner of each tensor of ``sizes`` elements: largest first, to the least loaded."""
+#: The owner of a tensor every instance updates itself (not sharded).
+EVERYONE = -1
+
+
+def partition(sizes: Sequence[int], instances: int, min_elements: int = 0) -> list[int]:
+    """The owner of each tensor of ``sizes`` elements: largest first, to the least loaded.
+
+    Tensors of ``min_elements`` elements or fewer are not sharded (owner :data:`EVERYONE`).
+    """
     load = [0] * instances
-    owners = [0] * len(sizes)
+    owners = [EVERYONE] * len(sizes)
     for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        if sizes[index] <= min_elements:
+            continue
         owner = min(range(instances), key=lambda r: (load[r], r))
         owners[index] = owner
         load[owner] += sizes[index]
@@ -56,8 +67,9 @@ def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 class StateShards:
     """The optimizer-state shards of one training model, on ``collectives``."""
 
-    def __init__(self, collectives: Collectives) -> None:
+    def __init__(self, collectives: Collectives, min_elements: int = 0) -> None:
         self._collectives = collectives
+        self._min_elements = min_elements
         self._owners: dict[tuple[int, ...], list[int]] = {}
 
     def owners(self, optimizer: torch.optim.Optimizer) -> list[int]:
@@ -65,14 +77,15 @@ class StateShards:
         params = _params(optimizer)
         key = tuple(id(p) for p in params)
         if key not in self._owners:
-            self._owners[key] = partition([p.numel() for p in params], self._collectives.size())
+            sizes = [p.numel() for p in params]
+            self._owners[key] = partition(sizes, self._collectives.size(), self._min_elements)
         return self._owners[key]
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """Update this instance's shard, drop the others' state, share the new weights."""
         _SHARDED[optimizer] = self
         params, owners, rank = _params(optimizer), self.owners(optimizer), self._collectives.rank()
-        mine = {id(p) for p, owner in zip(params, owners, strict=True) if owner == rank}
+        mine = {id(p) for p, owner in zip(params, owners, strict=True) if owner in (rank, EVERYONE)}
         if isinstance(optimizer, PopTorchOptimizer):
             optimizer.step_only(mine)
         else:
@@ -87,7 +100,8 @@ class StateShards:
         """Each owner's updated parameters to every instance: one broadcast per owner and type."""
         groups: dict[tuple[int, torch.dtype, torch.device], list[torch.Tensor]] = {}
         for p, owner in zip(params, owners, strict=True):
-            groups.setdefault((owner, p.dtype, p.device), []).append(p)
+            if owner != EVERYONE:
+                groups.setdefault((owner, p.dtype, p.device), []).append(p)
         with torch.no_grad():
             for (owner, dtype, _), members in sorted(groups.items(), key=_order):
                 flat = torch.cat([p.detach().reshape(-1) for p in members])

@@ -12,21 +12,23 @@ from typing import Any
 
 from popdist_torch.errors import OptionsError
 from popdist_torch.options.group import OptionGroup, install_setters
+from popdist_torch.surface.rows import whole_number
 
 __all__ = ["TensorLocationOptions", "TensorLocationSettings"]
 
 
 @install_setters
 class TensorLocationSettings(OptionGroup):
-    """Where a class of tensors lives; ``useOnChipStorage`` and ``useReplicatedTensorSharding``
-    have an effect here (for the optimizer state)."""
+    """Where a class of tensors lives; ``useOnChipStorage``, ``useReplicatedTensorSharding``
+    and ``minElementsForReplicatedTensorSharding`` have an effect here (on optimizer state)."""
 
     _owner = "TensorLocationSettings"
 
     def __init__(self) -> None:
         super().__init__()
         self.on_chip = True
-        self.replicated_sharding: bool | None = None  # PopTorch has the key once it is set
+        self.replicated_sharding: bool | None = None  # PopTorch has the keys once they are set
+        self.sharding_min_elements: int | None = None
 
     def useOnChipStorage(self, use: bool = True) -> TensorLocationSettings:
         """``False``: keep the tensors in host memory between weight updates."""
@@ -38,10 +40,19 @@ class TensorLocationSettings(OptionGroup):
         self.replicated_sharding = bool(use)
         return self
 
+    def minElementsForReplicatedTensorSharding(self, min_elements: int) -> TensorLocationSettings:
+        """Shard only the state of tensors with more than ``min_elements`` elements."""
+        self.sharding_min_elements = whole_number(
+            "TensorLocationSettings.minElementsForReplicatedTensorSharding", min_elements, minimum=0
+        )
+        return self
+
     def _values(self) -> dict[str, Any]:
         values = {"onChip": int(self.on_chip)}  # PopTorch's keys and types
         if self.replicated_sharding is not None:
             values["useReplicatedTensorSharding"] = int(self.replicated_sharding)
+        if self.sharding_min_elements is not None:
+            values["minElementsForReplicatedTensorSharding"] = self.sharding_min_elements
         return values
 
     def __repr__(self) -> str:
@@ -58,6 +69,7 @@ class TensorLocationOptions(OptionGroup):
         super().__init__()
         self._optimizer_on_chip = True
         self._optimizer_sharded = False
+        self._sharding_min_elements = 0
         self._optimizer_location: dict[str, Any] | None = None
 
     @property
@@ -70,6 +82,11 @@ class TensorLocationOptions(OptionGroup):
         """``True``: each instance keeps and updates the optimizer state of its shard only."""
         return self._optimizer_sharded
 
+    @property
+    def sharding_min_elements(self) -> int:
+        """Only the state of tensors with more elements than this is sharded (default 0)."""
+        return self._sharding_min_elements
+
     def setOptimizerLocation(self, location: TensorLocationSettings) -> TensorLocationOptions:
         """Keep optimizer state on the device (default) or in host memory."""
         self._check_mutable("setOptimizerLocation")
@@ -80,6 +97,7 @@ class TensorLocationOptions(OptionGroup):
             )
         self._optimizer_on_chip = location.on_chip
         self._optimizer_sharded = bool(location.replicated_sharding)
+        self._sharding_min_elements = location.sharding_min_elements or 0
         self._optimizer_location = location.toDict()
         return self
 

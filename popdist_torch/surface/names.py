@@ -213,7 +213,7 @@ LOCATION_SETTINGS: tuple[Row, ...] = (
     supported(S, "useOnChipStorage", "for `setOptimizerLocation`; `toDict()` has PopTorch's keys (`onChip`...)"),
     supported(S, "useReplicatedTensorSharding", "for `setOptimizerLocation`: the optimizer state is sharded over the instances, as torch's `ZeroRedundancyOptimizer` does: each instance keeps and updates the state of its share of the parameters and broadcasts them; the weights are those of the unsharded run, bit for bit (one instance: no effect); `toDict()` has PopTorch's key"),
     no_op(S, "minElementsForOffChip", "PopTorch's on-chip size threshold; there is no on-chip memory", lambda min_elements: min_elements),
-    no_op(S, "minElementsForReplicatedTensorSharding", "PopTorch shards only larger tensors; here every parameter's state is sharded", lambda min_elements: min_elements),
+    supported(S, "minElementsForReplicatedTensorSharding", "with `useReplicatedTensorSharding(True)`: only the state of parameters with more elements than this is sharded; every instance updates the smaller ones itself"),
     no_op(S, "useIOTilesToLoad", "there are no IO tiles", lambda use=True: bool(use)),
     no_op(S, "useIOTilesToStore", "there are no IO tiles", lambda use=True: bool(use)),
 )

@@ -16,7 +16,7 @@ from torch import nn
 
 import popdist_torch as poptorch
 from popdist.collectives.base import Collectives
-from popdist_torch.optim.sharded import StateShards, gather_state, partition
+from popdist_torch.optim.sharded import EVERYONE, StateShards, gather_state, partition
 
 pytestmark = pytest.mark.unit
 
@@ -26,6 +26,7 @@ def test_partition_balances_elements_largest_first() -> None:
     assert partition([4, 4, 4, 4], 2) == [0, 1, 0, 1]
     assert partition([5], 3) == [0]
     assert partition([3, 3, 3], 1) == [0, 0, 0]
+    assert partition([10, 1, 1, 8, 3], 2, min_elements=3) == [0, EVERYONE, EVERYONE, 1, EVERYONE]
 
 
 class _Bus:
@@ -82,6 +83,7 @@ class _Net(nn.Module):
 
 
 Factory = Callable[[nn.Module], torch.optim.Optimizer]
+_SEEDING = threading.Lock()
 OPTIMIZERS: dict[str, Factory] = {
     "poptorch-adamw-clipped": lambda m: poptorch.optim.AdamW(
         m.parameters(), lr=0.05, max_grad_norm=0.5, loss_scaling=4.0
@@ -97,7 +99,8 @@ OPTIMIZERS: dict[str, Factory] = {
 def _train(
     optimizer_of: Factory, shards: StateShards | None, half: bool = False
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    model = _Net()
+    with _SEEDING:  # torch's global generator is shared by the simulated instances
+        model = _Net()
     if half:
         model.half()
     optimizer = optimizer_of(model)
@@ -116,14 +119,17 @@ def _train(
     return model, optimizer
 
 
-def _instances(run: Callable[[StateShards], Any], size: int = 2) -> list[Any]:
+def _instances(
+    run: Callable[[StateShards], Any], size: int = 2, min_elements: int = 0
+) -> list[Any]:
     bus = _Bus(size)
     results: list[Any] = [None] * size
     errors: list[BaseException] = []
 
     def instance(rank: int) -> None:
         try:
-            shards = StateShards(cast(Collectives, _ThreadCollectives(bus, rank)))
+            collectives = cast(Collectives, _ThreadCollectives(bus, rank))
+            shards = StateShards(collectives, min_elements)
             results[rank] = run(shards)
         except BaseException as error:  # reported below, on the test's thread
             errors.append(error)
@@ -152,6 +158,20 @@ def test_sharded_weights_equal_the_unsharded_ones_bit_for_bit(name: str) -> None
     assert held[0] and held[1] and not held[0] & held[1]  # each keeps its shard's state only
     assert held[0] | held[1] == set(range(len(params)))
     assert len(whole.state) == len(params)
+
+
+def test_tensors_at_or_below_the_minimum_are_updated_everywhere() -> None:
+    optimizer_of = OPTIMIZERS["poptorch-adamw-clipped"]
+    reference, _ = _train(optimizer_of, None)
+    runs = _instances(lambda shards: _train(optimizer_of, shards), min_elements=5)
+    sizes = [p.numel() for p in reference.parameters()]  # 30, 6 | 15, 3 | 3, 1
+    held = [{i for i, p in enumerate(m.parameters()) if p in o.state} for m, o in runs]
+    small = {i for i, n in enumerate(sizes) if n <= 5}
+    assert held[0] & held[1] == small  # every instance keeps the small tensors' state
+    assert held[0] | held[1] == set(range(len(sizes))) and held[0] != held[1]
+    for model, _ in runs:
+        for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+            assert torch.equal(got, want)
 
 
 def test_half_weights_shard_bit_for_bit() -> None:
@@ -197,3 +217,10 @@ def test_the_options_shard_the_optimizer_state() -> None:
     opts.TensorLocations.setOptimizerLocation(location)
     assert opts.TensorLocations.optimizer_sharded and opts.TensorLocations.optimizer_on_chip
     assert "useReplicatedTensorSharding" not in poptorch.TensorLocationSettings().toDict()
+    assert opts.TensorLocations.sharding_min_elements == 0
+    location.minElementsForReplicatedTensorSharding(100)
+    assert location.toDict()["minElementsForReplicatedTensorSharding"] == 100
+    opts.TensorLocations.setOptimizerLocation(location)
+    assert opts.TensorLocations.sharding_min_elements == 100
+    with pytest.raises(ValueError, match=r"minElementsForReplicatedTensorSharding\(-1\)"):
+        location.minElementsForReplicatedTensorSharding(-1)
