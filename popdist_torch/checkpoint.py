@@ -409,6 +409,10 @@ def save_checkpoint(
         }
         _write_fenced(target, _pack(state), mine)
 
+    if optimizer is not None:  # a sharded optimizer state, whole on every instance too
+        from popdist_torch.optim.sharded import gather_state
+
+        gather_state(optimizer)
     _on_writers(target, write)
 
 
