@@ -195,7 +195,7 @@ def _fast_values(options: list[str]) -> dict[str, Any] | None:
     values: dict[str, Any] = {}
     for option in options:
         name, _, value = option.partition("=")
-        if name in ("--help", "--version"):
+        if name in ("--help", "--version", "--check-build"):
             return None
         if name in ("-v", "--verbose"):
             values["verbose"] = values.get("verbose", 0) + 1
