@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.support.jobs import ROOT, assert_no_descendants, start_poprun
+from tests.support.jobs import ROOT, start_poprun
 from tests.support.tiers import require
 
 pytestmark = [pytest.mark.launch, pytest.mark.slow]
@@ -109,7 +109,7 @@ def test_the_page_follows_a_job_to_its_hang_verdict(browser: Any, tmp_path: Path
     proc = start_poprun(
         "--num-instances", "2", "--num-replicas", "2", "--status-port", "0",
         "--hang-timeout", "4", "--on-hang", "report",
-        sys.executable, PROGRAM, "--steps", "40", "--hold-after", "30", "--hold-file", str(hold),
+        sys.executable, PROGRAM, "--steps", "24", "--hold-after", "20", "--hold-file", str(hold),
         "--slow-instance", "1", "--slow-s", "0.2",
     )  # fmt: skip
     try:
@@ -144,4 +144,4 @@ def test_the_page_follows_a_job_to_its_hang_verdict(browser: Any, tmp_path: Path
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert_no_descendants()
+    # The suite's guard checks, after the browser quit, that no process of the job survived.
