@@ -370,6 +370,19 @@ def _progress() -> list[Goal]:
     return goals
 
 
+def _status_page() -> list[Goal]:
+    return [
+        Goal("issue 32: training with the status page open (a refresh a second) ≥ 0.99× closed",
+             "status-page", at("ratio"), 0.99, "≥",
+             "{a:.0f} vs {b:.0f} samples/s (median of the on/off ratios of {n:.0f} window pairs "
+             "within one launch; the page's CPU alone: {c:.2%})",
+             {"a": lambda d: statistics.median(d["rates"]["on"]),
+              "b": lambda d: statistics.median(d["rates"]["off"]),
+              "n": at("pairs"), "c": at("expected_cost")},
+             optional=True),  # needs Chromium
+    ]  # fmt: skip
+
+
 GOALS: tuple[Goal, ...] = (
     *_launchers(),
     *_launch_overhead(),
@@ -380,4 +393,5 @@ GOALS: tuple[Goal, ...] = (
     *_slurm(),
     *_others(),
     *_progress(),
+    *_status_page(),
 )

@@ -94,6 +94,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         "progress_overhead": (
             [PY, str(here / "progress_overhead.py"), "--rounds", "7"], 1200, "progress-overhead",
         ),
+        "status_page": ([PY, str(here / "status_page.py")], 900, "status-page"),
     }  # fmt: skip
 
 
@@ -166,6 +167,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
     ("The torch.distributed backend", "torch-backend", None),
     ("Progress reporting: training throughput on and off", "progress-overhead", None),
+    ("The live status page: training throughput, page on and off", "status-page", None),
 ]
 
 
