@@ -358,6 +358,10 @@ def save_checkpoint(
         }
         atomic_save(_pack(state), path)
 
+    if optimizer is not None:  # a sharded optimizer state, whole on instance 0 too
+        from popdist_torch.optim.sharded import gather_state
+
+        gather_state(optimizer)
     _on_instance_zero(write)
 
 

@@ -14,10 +14,8 @@ model of the same module share them.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,13 +32,14 @@ from popdist_torch.execution.outputs import OutputCollector
 from popdist_torch.execution.placement import (
     CPU,
     instance_device,
-    move_optimizer_state,
+    optimizer_state_on_device,
     place,
     to_host,
 )
 from popdist_torch.execution.reducer import GradientReducer, broadcast_state, connect
 from popdist_torch.execution.runners import ReplicaRunner, make_runner, uses_stages
-from popdist_torch.optim import SGD, PopTorchOptimizer, loss_scaling_of
+from popdist_torch.optim import SGD, PopTorchOptimizer, check_constants, loss_scaling_of
+from popdist_torch.optim.sharded import StateShards, step
 from popdist_torch.options import Options
 
 __all__ = [
@@ -104,6 +103,14 @@ def _connect(
     return GradientReducer(collectives, model.named_parameters(), average=average)
 
 
+def _shards(opts: Options, reducer: GradientReducer | None) -> StateShards | None:
+    """The optimizer-state shards when the options shard it and there are other instances."""
+    locations = opts.TensorLocations
+    if reducer is None or not locations.optimizer_sharded:
+        return None
+    return StateShards(reducer.collectives, locations.sharding_min_elements)
+
+
 class PoplarExecutor(DeviceSide, Observation):
     """A wrapped model (PopTorch's name): call it with a whole batch per call."""
 
@@ -139,6 +146,7 @@ class PoplarExecutor(DeviceSide, Observation):
         )
         place(model, self._optimizer, self._device)
         self._reducer = _connect(model, opts, self._optimizer)
+        self._shards = _shards(opts, self._reducer)
         # ``Block`` contexts show only when forward runs: the first call watches for them.
         self._watch_blocks = not uses_stages(model, opts)
         self._runner: ReplicaRunner = make_runner(
@@ -313,45 +321,32 @@ class PoplarExecutor(DeviceSide, Observation):
     def _train(self, batch: Batch) -> Any:
         opts, optimizer = self._options, self._optimizer
         assert optimizer is not None
+        check_constants(optimizer)  # PopTorch's constant attributes: fixed from the first run
         mean = opts.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
         scale = 1.0 / (batch.accumulation * batch.replicas) if mean else 1.0
         # PopTorch's loss scaling: the backward pass carries the factor, the step removes it.
         loss_scaling = loss_scaling_of(optimizer)
         collector = self._collector()
-        for d in range(batch.iterations):
+        for d in self._timed(batch.iterations):
             optimizer.zero_grad(set_to_none=True)
             self._runner.forward_backward(batch, d, scale=scale * loss_scaling, collector=collector)
             if loss_scaling != 1.0:
                 assert isinstance(optimizer, PopTorchOptimizer)
                 optimizer.unscale_next_step(loss_scaling)
-            with self._optimizer_state_on_device():
-                optimizer.step()
+            with optimizer_state_on_device(optimizer, opts.TensorLocations.optimizer_on_chip):
+                step(optimizer, self._shards)
             if self._anchors is not None:
                 self._anchors.after_update(d)
         return collector.result()
 
     def _infer(self, batch: Batch) -> Any:
         collector = self._collector()
-        for d in range(batch.iterations):
+        for d in self._timed(batch.iterations):
             if collector.wants(d, 0):
                 self._runner.forward(batch, d, collector)
             if self._anchors is not None:
                 self._anchors.after_update(d)
         return collector.result()
-
-    @contextlib.contextmanager
-    def _optimizer_state_on_device(self) -> Iterator[None]:
-        """Optimizer state in host memory between updates when the options ask for it."""
-        optimizer = self._optimizer
-        assert optimizer is not None
-        if self._options.TensorLocations.optimizer_on_chip:
-            yield
-            return
-        move_optimizer_state(optimizer, lambda p: p.device)
-        try:
-            yield
-        finally:
-            move_optimizer_state(optimizer, lambda p: CPU)
 
 
 def trainingModel(

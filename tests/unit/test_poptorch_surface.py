@@ -275,8 +275,18 @@ def test_tensor_location_settings_methods_chain() -> None:
     for row in rows_of("TensorLocationSettings"):
         arg: Any = 4 if row.name.startswith("minElements") else False
         assert getattr(settings, row.name)(arg) is settings
-    with pytest.raises(UnsupportedOptionError, match="useReplicatedTensorSharding"):
-        settings.useReplicatedTensorSharding(True)
+
+
+def test_replicated_tensor_sharding_is_accepted_and_recorded() -> None:
+    """Applications' configurations set it for the optimizer state (tests/unit/test_sharded_state.py)."""
+    sharded = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
+    assert sharded.toDict()["useReplicatedTensorSharding"] == 1
+    opts = poptorch.Options()
+    opts.TensorLocations.setOptimizerLocation(sharded)
+    assert (
+        opts.toDict()["TensorLocations"]["location_optimizer"]["useReplicatedTensorSharding"] == 1
+    )
+    assert opts.TensorLocations.optimizer_on_chip and opts.TensorLocations.optimizer_sharded
 
 
 def test_the_page_is_the_tables_rendering() -> None:
@@ -298,6 +308,8 @@ def test_every_row_resolves() -> None:
         **{owner: _target(opts, f"{owner.partition('.')[2]}.x")[0] for owner in OPTION_OWNERS},
         "torch.ops.poptorch": torch.ops.poptorch,
         "popart": popart,
+        "poptorch.optim": poptorch.optim,
+        "poptorch.optim.Optimizer": poptorch.optim.SGD(nn.Linear(2, 2).parameters()),
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
