@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +50,26 @@ def test_auto_makes_one_choice_for_the_job_and_instance_0_says_it() -> None:
     ]
     notes = [line for line in done.stderr.splitlines() if "popdist: backend auto:" in line]
     assert notes == ["[1,0]<stderr>:popdist: backend auto: horovod, because horovod.torch imports"]
+
+
+def test_one_instance_without_horovod_makes_the_whole_job_take_torch(tmp_path: Path) -> None:
+    """The instances agree: Horovod hidden from instance 1 only (a package that fails to
+    import, first on its PYTHONPATH) and both take torch; instance 0 names instance 1."""
+    pytest.importorskip("horovod.torch", reason="Horovod is built by `make setup`")
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text('raise ImportError("not on this one")\n')
+    code = "import popdist; popdist.init(); print('backend', popdist.collectives.active())"
+    done = run_poprun(
+        "--num-instances", "2", "--num-replicas", "2",
+        "--instance-mpi-local-args", f"1:-x PYTHONPATH={tmp_path}",
+        sys.executable, "-c", code, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split("\n"))[1:] == [
+        "[1,0]<stdout>:backend torch",
+        "[1,1]<stdout>:backend torch",
+    ]
+    assert (
+        "[1,0]<stderr>:popdist: backend auto: torch, because horovod.torch does not import "
+        "(ImportError: not on this one) on instance 1"
+    ) in done.stderr.splitlines()
