@@ -387,6 +387,19 @@ def _deterministic() -> list[Goal]:
     return goals
 
 
+def _status_page() -> list[Goal]:
+    return [
+        Goal("issue 32: training with the status page open (a refresh a second) ≥ 0.99× closed",
+             "status-page", at("ratio"), 0.99, "≥",
+             "{a:.0f} vs {b:.0f} samples/s (median of the on/off ratios of {n:.0f} window pairs "
+             "within one launch; the page's CPU alone: {c:.2%})",
+             {"a": lambda d: statistics.median(d["rates"]["on"]),
+              "b": lambda d: statistics.median(d["rates"]["off"]),
+              "n": at("pairs"), "c": at("expected_cost")},
+             optional=True),  # needs Chromium
+    ]  # fmt: skip
+
+
 GOALS: tuple[Goal, ...] = (
     *_launchers(),
     *_launch_overhead(),
@@ -398,4 +411,5 @@ GOALS: tuple[Goal, ...] = (
     *_others(),
     *_progress(),
     *_deterministic(),
+    *_status_page(),
 )

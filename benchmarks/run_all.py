@@ -97,6 +97,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         "deterministic": (
             [PY, str(here / "deterministic.py"), "--launches", "3"], 900, "deterministic-reduction",
         ),
+        "status_page": ([PY, str(here / "status_page.py")], 900, "status-page"),
     }  # fmt: skip
 
 
@@ -170,6 +171,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("The torch.distributed backend", "torch-backend", None),
     ("Progress reporting: training throughput on and off", "progress-overhead", None),
     ("Deterministic reduction: training throughput on and off", "deterministic-reduction", None),
+    ("The live status page: training throughput, page on and off", "status-page", None),
 ]
 
 

@@ -25,7 +25,9 @@ variable                                   value
 ``POPDIST_HOST``                           the host this instance was placed on (added)
 ``POPDIST_OFFLINE_MODE``                   ``1`` with ``--offline-mode``: use no accelerator
 ``POPDIST_EXECUTABLE_CACHE_PATH``          ``--executable-cache-path``: compilation cache
-``POPDIST_BACKEND``                        ``--backend``: collectives backend, ``horovod`` or
+``POPDIST_BACKEND``                        ``--backend``: collectives backend, ``auto`` (the
+                                           default: Horovod where ``horovod.torch`` imports on
+                                           every instance, else torch), ``horovod`` or
                                            ``torch`` (torch.distributed)
 ``POPDIST_ERROR_RECORD``                   ``1``: ``import popdist`` installs the excepthook
                                            that reports an uncaught exception to poprun as
@@ -88,7 +90,7 @@ DETERMINISTIC_REDUCTION = "POPDIST_DETERMINISTIC_REDUCTION"
 GENERATION = "POPDIST_GENERATION"
 
 #: The values ``POPDIST_BACKEND`` (``poprun --backend``) may take; the first is the default.
-BACKENDS: tuple[str, ...] = ("horovod", "torch")
+BACKENDS: tuple[str, ...] = ("auto", "horovod", "torch")
 
 #: PopRun's variables: all present under poprun, all absent otherwise.
 REQUIRED: tuple[str, ...] = (
@@ -604,7 +606,7 @@ def detect(environ: Mapping[str, str] | None = None) -> type[RunEnvironment]:
 
 
 def read_backend(environ: Mapping[str, str] | None = None, requested: str | None = None) -> str:
-    """The collective backend: ``requested`` if given, else ``POPDIST_BACKEND``, else Horovod.
+    """The collective backend: ``requested`` if given, else ``POPDIST_BACKEND``, else ``auto``.
 
     Raises :class:`PopdistError` for a name that is not one of :data:`BACKENDS`.
     """

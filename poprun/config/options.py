@@ -441,6 +441,11 @@ FLAGS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--vv",), "same as -vv"),
     (("--version",), "print the version"),
     (("-h", "--help"), "show this message"),
+    (
+        ("--check-build",),
+        "print what this installation can run (versions, backends, GPUs, Slurm, ssh); "
+        "exit 0 when a job can run",
+    ),
 )
 
 
