@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
@@ -29,6 +30,8 @@ class _TraceState(threading.local):
         self.current: str | None = None
         self.inside_context: str | None = None
         self.blocks: dict[str, int | None] = {}
+        # (block, time.perf_counter()) at each change of block: an eager forward's profile
+        self.sequence: list[tuple[str, float]] = []
         self.unnamed = 0
         self.auto_ids = False
         # Eager forward watched by the executor (no strategy set): see ``watch_blocks``.
@@ -95,6 +98,8 @@ def enter_block(name: str | None, ipu_id: int | None) -> str:
             "give each block a single ipu_id"
         )
     state.blocks[name] = ipu_id if ipu_id is not None else state.blocks.get(name)
+    if state.current != name:
+        state.sequence.append((name, time.perf_counter()))
     state.current = name
     return name
 
