@@ -171,7 +171,9 @@ def trace(model: nn.Module, bound: Bound) -> tuple[fx.GraphModule, dict[str, int
     state = trace_state
     state.reset()
     state.tracing = True
-    saved = [(m, dict(vars(m))) for m in model.modules()]
+    saved = [(m, _state_of(m)) for m in model.modules()]
+    # The trace runs forward with real buffers: what it does to them in place is undone.
+    values = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         graph = _BlockTracer().trace(model, concrete_args=bound.fixed or None)
         blocks = dict(state.blocks)
@@ -184,25 +186,46 @@ def trace(model: nn.Module, bound: Bound) -> tuple[fx.GraphModule, dict[str, int
     finally:
         state.reset()
         left = _restore_proxies(saved)
+        with torch.no_grad():
+            for buffer, value in values:
+                buffer.copy_(value)
     if left:
         raise Untraceable(
             f"{type(model).__name__}.forward sets attribute(s) {', '.join(left)} from traced values"
         )
+    _check_no_state_mutation(model, graph)
     return fx.GraphModule(model, graph), blocks
 
 
-def _restore_proxies(saved: list[tuple[nn.Module, dict[str, Any]]]) -> list[str]:
+def _check_no_state_mutation(model: nn.Module, graph: fx.Graph) -> None:
+    """A forward that updates a buffer in place (``self.buf.mul_(m)``, often under
+    ``torch.no_grad()``, which the trace cannot see) runs eagerly, as written."""
+    for node in graph.nodes:
+        target = str(node.target)
+        if node.op == "call_method" and target.endswith("_") and not target.startswith("_"):
+            first = node.args[0] if node.args else None
+            if isinstance(first, fx.Node) and first.op == "get_attr":
+                raise Untraceable(
+                    f"{type(model).__name__}.forward updates {first.target} in place ({target})"
+                )
+
+
+def _state_of(module: nn.Module) -> tuple[dict[str, Any], ...]:
+    """Copies of what a forward may set on a module: attributes, parameters, buffers."""
+    return dict(vars(module)), dict(module._parameters), dict(module._buffers)
+
+
+def _restore_proxies(saved: list[tuple[nn.Module, tuple[dict[str, Any], ...]]]) -> list[str]:
     """Undo what the trace's run of forward set on the modules; returns the attributes that
     it left holding a proxy (the trace cannot stand for such a forward)."""
     left: list[str] = []
     for module, before in saved:
-        for name, value in list(vars(module).items()):
-            if isinstance(value, fx.Proxy):
-                left.append(name)
-            if name not in before:
-                delattr(module, name)
-            elif value is not before[name]:
-                object.__setattr__(module, name, before[name])
+        now = (vars(module), module._parameters, module._buffers)
+        for current, old in zip(now, before, strict=True):
+            left += [name for name, value in current.items() if isinstance(value, fx.Proxy)]
+            if current.keys() != old.keys() or any(current[k] is not v for k, v in old.items()):
+                current.clear()
+                current.update(old)
     return left
 
 

@@ -69,17 +69,18 @@ def ipu_print_tensor(
     )
 
 
-def _recomputation_checkpoint(*tensors: Any) -> Any:
-    """Return the tensors as given: there is no recomputation to checkpoint here.
+def _recomputation_checkpoint(*values: Any) -> Any:
+    """Return the values as given: a tensor, a tuple, a list, a dict, any nesting of them.
 
-    One tensor returns it, several a tuple, one list or tuple a copy of it, as PopTorch.
+    One value returns it (a list or tuple: a copy of the same type), several a tuple, as
+    PopTorch. It is a marker, so it takes whatever a forward or a forward hook passes (a
+    ``ModelOutput``, the traced values while a model is split into stages) and never
+    changes a number. Here there is no recomputation: activations are kept.
     """
-    if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
-        return type(tensors[0])(tensors[0])
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"recomputationCheckpoint takes tensors, got {type(t).__name__}")
-    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+    if len(values) == 1:
+        only = values[0]
+        return type(only)(only) if type(only) in (tuple, list) else only
+    return tuple(values)
 
 
 # TorchScript cannot read annotated varying arguments: without annotations it takes them

@@ -367,3 +367,38 @@ def test_unstaged_executor_without_a_loss_key_is_a_clear_error() -> None:
     training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(poptorch.ExecutorError, match=r"keys \['logits'\] and no 'loss'"):
         training(torch.ones(2, 2))
+
+
+class Checkpointed(nn.Module):
+    """recomputationCheckpoint on a tuple, a dict and from a forward hook, in every block."""
+
+    def __init__(self, branch: bool) -> None:
+        super().__init__()
+        self.l1 = BeginBlock(nn.Linear(4, 4), "A", ipu_id=0)
+        self.l2 = BeginBlock(nn.Linear(4, 4), "B", ipu_id=1)
+        self.branch = branch
+        self.l1.register_forward_hook(lambda m, i, o: poptorch.recomputationCheckpoint(o))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, g = poptorch.recomputationCheckpoint((self.l1(x), x))
+        if self.branch and h.sum() > 1e9:
+            h = h * 0
+        parts = poptorch.recomputationCheckpoint({"h": h, "g": g, "n": 3})
+        a, b = poptorch.recomputationCheckpoint(self.l2(parts["h"]), parts["g"])
+        return (a * b).sum() / parts["n"]
+
+
+@pytest.mark.parametrize("branch", [False, True], ids=["traced", "eager"])
+def test_recomputation_checkpoint_takes_any_value_in_hooks_and_while_staging(branch: bool) -> None:
+    torch.manual_seed(0)
+    base = Checkpointed(branch)
+    xs = [(torch.randn(3, 4),) for _ in range(2)]
+    ref, model = copy.deepcopy(base), copy.deepcopy(base)
+    for (x,) in xs:
+        ref(x).backward()
+    runner = StageRunner(model, PipelinedExecution(), num_devices=2)
+    runner.forward_backward(xs)
+    assert runner.staged_at_run_time() == branch
+    assert len(runner.plan(1).stages) == 2
+    assert_same_grads(ref, model)
+    assert poptorch.recomputationCheckpoint([1, 2]) == [1, 2]
