@@ -57,7 +57,6 @@ def tiny_gpt2(layers: int = 4, seed: int = 0) -> nn.Module:
         bos_token_id=0,
         eos_token_id=0,
         use_cache=False,
-        loss_type="ForCausalLM",
     )
     return GPT2LMHeadModel(config)
 

@@ -112,3 +112,24 @@ def test_vision_models_updating_buffers_pipelined_train_as_plain_torch(build: An
     for (name, b), c in zip(reference.named_buffers(), model.buffers(), strict=True):
         torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-6, msg=name)
     assert any(not torch.equal(b, c) for b, c in zip(base.buffers(), model.buffers(), strict=True))
+
+
+@pytest.mark.parametrize("build", [tiny_bert, tiny_gpt2], ids=["bert", "gpt2"])
+def test_hugging_face_lm_unstaged_takes_keywords_and_returns_its_model_output(build: Any) -> None:
+    """Not pipelined: two local replicas, keyword inputs, the ModelOutput's 'loss' trained."""
+    reference, model = build(2), build(2)
+    train_plain(reference, 2)
+    opts = poptorch.Options().replicationFactor(2)
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.5))
+    for step in range(STEPS):
+        out = training(**token_batch(MICRO * 2, seed=step))
+    from transformers.utils import ModelOutput
+
+    assert isinstance(out, ModelOutput) and out.logits.shape == (MICRO * 2, 8, 100)
+    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=name)
+    inference = poptorch.inferenceModel(model.eval(), poptorch.Options())
+    batch = token_batch(3, seed=9)
+    with torch.no_grad():
+        expected = model(**batch).logits
+    torch.testing.assert_close(inference(**batch).logits, expected, rtol=1e-5, atol=1e-6)
