@@ -14,8 +14,8 @@ shared weights are then checked exactly as for a traced model (``stages.resolve_
 Each micro-batch runs its stages in order, forward then backward (one autograd pass:
 gradients of a weight shared by stages sum from every use, as in plain torch).  The stages
 do not overlap: on a CPU a forward that Python drives cannot be cut between threads without
-locks that a block re-entered would deadlock on, so a stage gets all of torch's threads
-instead of its share.  The profile still shows each stage's forward (the span between its
+locks that a block re-entered would deadlock on.  Each stage computes with its device's share
+of torch's intra-op threads, as on the traced path (the runner sets it around the step).  The profile still shows each stage's forward (the span between its
 boundaries) and backward (the span until the gradient reaches its first boundary input).
 """
 

@@ -329,14 +329,21 @@ class StageRunner:
         if isinstance(entry, EagerStages):
             device = self.devices[0] if self.devices else torch.device("cpu")
             recording = self.profile or bool(_recorders)
-            return entry.run(
-                calls,
-                training=training,
-                grad_scale=grad_scale,
-                record=self.record if recording else None,
-                device=device,
-                check=check,
-            )
+            # Each stage computes with its device's share of threads, as a traced stage does.
+            caller_threads = torch.get_num_threads()
+            if self.devices:
+                torch.set_num_threads(self.threads_per_device)
+            try:
+                return entry.run(
+                    calls,
+                    training=training,
+                    grad_scale=grad_scale,
+                    record=self.record if recording else None,
+                    device=device,
+                    check=check,
+                )
+            finally:
+                torch.set_num_threads(caller_threads)
         check(len(entry.stages))
         return self._run(
             entry, [b.values for b in bounds], training=training, grad_scale=grad_scale

@@ -143,8 +143,10 @@ def test_traced_and_eager_paths_train_to_the_same_weights() -> None:
 def test_eager_stages_follow_the_blocks_and_the_profile_shows_each() -> None:
     torch.manual_seed(0)
     runner = StageRunner(Net(), PipelinedExecution(), num_devices=3, staging="eager")
+    threads = torch.get_num_threads()
     with record_schedule() as events:
         runner.forward_backward(batches(3))
+    assert torch.get_num_threads() == threads  # the stages' share is set around the step only
     plan = runner.plan(2)
     assert [(s.blocks, s.ipu_id) for s in plan.stages] == [
         (("B1",), 0),
