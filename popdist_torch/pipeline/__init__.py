@@ -32,6 +32,7 @@ from popdist_torch.pipeline.blocks import (
     Stage,
     check_accumulation,
     has_block_annotations,
+    note_checkpoint,
     removeBlocks,
     watch_blocks,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "check_accumulation",
     "chrome_trace",
     "has_block_annotations",
+    "note_checkpoint",
     "pipeline_ops",
     "record_schedule",
     "removeBlocks",

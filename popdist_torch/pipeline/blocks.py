@@ -14,7 +14,9 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from popdist_torch.enums import AutoStage, Liveness
 from popdist_torch.errors import PipelineError
@@ -32,6 +34,8 @@ class _TraceState(threading.local):
         self.blocks: dict[str, int | None] = {}
         # (block, time.perf_counter()) at each change of block: an eager forward's profile
         self.sequence: list[tuple[str, float]] = []
+        # Tensors passed to recomputationCheckpoint in an eager forward being discovered.
+        self.checkpointed: set[int] | None = None
         self.unnamed = 0
         self.auto_ids = False
         # Eager forward watched by the executor (no strategy set): see ``watch_blocks``.
@@ -67,6 +71,14 @@ def watch_blocks() -> Iterator[_TraceState]:
         yield state
     finally:
         state.watching = False
+
+
+def note_checkpoint(values: Any) -> None:
+    """Note the tensors ``recomputationCheckpoint`` was given (eager staging recomputes
+    the ``BeginBlock`` modules whose outputs were checkpointed)."""
+    seen = trace_state.checkpointed
+    if seen is not None:
+        seen.update(id(v) for v in tree_leaves(values) if isinstance(v, torch.Tensor))
 
 
 def _block_name(user_id: str | None, ipu_id: int | None) -> str | None:

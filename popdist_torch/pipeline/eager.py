@@ -17,13 +17,18 @@ do not overlap: on a CPU a forward that Python drives cannot be cut between thre
 locks that a block re-entered would deadlock on.  Each stage computes with its device's share
 of torch's intra-op threads, as on the traced path (the runner sets it around the step).  The profile still shows each stage's forward (the span between its
 boundaries) and backward (the span until the gradient reaches its first boundary input).
+
+A ``BeginBlock`` module whose output the first forward passed to ``recomputationCheckpoint``
+(as applications do from a forward hook on each layer) runs under
+``torch.utils.checkpoint`` in training from then on: its activations are recomputed in
+backward instead of kept (modules with running statistics excepted), the numbers unchanged.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -31,6 +36,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from popdist_torch.errors import PipelineError
@@ -60,6 +66,7 @@ class EagerPlan:
     stages: list[StageSpec]
     block_order: list[str]
     stage_of_block: dict[str, int]
+    recompute: list[nn.Module] = field(default_factory=list)  # checkpointed BeginBlock modules
 
     def active(self) -> list[StageSpec]:
         """Every stage (a stage of the eager path always ran)."""
@@ -90,10 +97,21 @@ class _ParameterUse(TorchFunctionMode):
 class _StagedForward:
     """One eager forward under staging: the boundaries' hooks, the blocks it went through."""
 
-    def __init__(self, model: nn.Module, *, discover: bool, backward_marks: bool) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        discover: bool,
+        backward_marks: bool,
+        recompute: Sequence[nn.Module] = (),
+    ) -> None:
         self.model = model
         self.uses = _ParameterUse() if discover else None
         self.backward_marks = backward_marks
+        self.recompute = recompute
+        self.outputs: dict[int, nn.Module] = {}  # id of a BeginBlock module's output tensor
+        self.checkpointed: set[int] = set()
+        self.own_forward: list[Any] = []  # a forward set on the instance, put back after
         self.handles: list[RemovableHandle] = []
         self.sequence: list[tuple[str, float]] = []
         self.blocks: dict[str, int | None] = {}
@@ -108,7 +126,13 @@ class _StagedForward:
             mark = begin_block_of(module)
             if mark is not None:
                 self.handles.append(module.register_forward_pre_hook(self._boundary(mark)))
+                if self.uses is not None:
+                    self.handles.append(module.register_forward_hook(self._output))
+        for module in self.recompute:
+            self.own_forward.append(vars(module).get("forward"))
+            module.forward = _recomputed(module.forward)  # type: ignore[method-assign]
         if self.uses is not None:
+            state.checkpointed = self.checkpointed
             self.uses.__enter__()  # type: ignore[no-untyped-call]
         self.start = time.perf_counter()
         return self
@@ -124,6 +148,10 @@ class _StagedForward:
             self.uses.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
         for handle in self.handles:
             handle.remove()
+        for module, own in zip(self.recompute, self.own_forward, strict=True):
+            del module.forward
+            if own is not None:
+                module.forward = own  # type: ignore[method-assign]
         self.sequence = list(trace_state.sequence)
         self.blocks = dict(trace_state.blocks)
         trace_state.reset()
@@ -138,6 +166,17 @@ class _StagedForward:
                 self._mark_backward(block, args)
 
         return hook
+
+    def _output(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        for value in tree_leaves(output):
+            if isinstance(value, torch.Tensor):
+                self.outputs[id(value)] = module
+
+    def checkpointed_modules(self) -> list[nn.Module]:
+        """The ``BeginBlock`` modules whose outputs went through ``recomputationCheckpoint``
+        (directly or from a forward hook), except those that update running statistics."""
+        found = {id(m): m for key, m in self.outputs.items() if key in self.checkpointed}
+        return [m for m in found.values() if not _has_running_stats(m)]
 
     def _mark_backward(self, block: str, args: tuple[Any, ...]) -> None:
         for value in tree_leaves(list(args)):
@@ -154,6 +193,24 @@ class _StagedForward:
         return list(self.blocks) or [WHOLE_MODEL]
 
 
+def _recomputed(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` whose activations are recomputed in backward rather than kept."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def _has_running_stats(module: nn.Module) -> bool:
+    return any(
+        isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+        for m in module.modules()
+    )
+
+
 def make_plan(
     strategy: ExecutionStrategy | None, seen: _StagedForward, num_devices: int
 ) -> EagerPlan:
@@ -167,7 +224,7 @@ def make_plan(
     for key, (param, blocks) in seen.uses.uses.items():
         users[key] = (param, {stage_of[b if b is not None else order[0]] for b in blocks})
     check_shared_parameters(users, specs)
-    return EagerPlan(specs, order, stage_of)
+    return EagerPlan(specs, order, stage_of, seen.checkpointed_modules())
 
 
 def _stage_spans(plan: EagerPlan, seen: _StagedForward) -> dict[int, tuple[float, float]]:
@@ -265,7 +322,10 @@ class EagerStages:
                 args, kwargs = tree_map(lambda v: _to(v, device), (args, kwargs))
             with (
                 _StagedForward(
-                    self.model, discover=self.plan is None, backward_marks=record is not None
+                    self.model,
+                    discover=self.plan is None,
+                    backward_marks=record is not None,
+                    recompute=self.plan.recompute if self.plan is not None and training else (),
                 ) as seen,
                 torch.set_grad_enabled(training),
             ):

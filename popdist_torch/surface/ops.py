@@ -13,6 +13,7 @@ cannot compile, runs as Python from a scripted model (``torch.jit.ignore``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -75,12 +76,20 @@ def _recomputation_checkpoint(*values: Any) -> Any:
     One value returns it (a list or tuple: a copy of the same type), several a tuple, as
     PopTorch. It is a marker, so it takes whatever a forward or a forward hook passes (a
     ``ModelOutput``, the traced values while a model is split into stages) and never
-    changes a number. Here there is no recomputation: activations are kept.
+    changes a number. A model staged at its blocks as it runs (``popdist_torch.pipeline``)
+    recomputes in backward the ``BeginBlock`` modules whose outputs it was given, as PopTorch
+    recomputes from a checkpoint: less memory, the same numbers; elsewhere activations are kept.
     """
     if len(values) == 1:
         only = values[0]
-        return type(only)(only) if type(only) in (tuple, list) else only
-    return tuple(values)
+        out = type(only)(only) if type(only) in (tuple, list) else only
+    else:
+        out = tuple(values)
+    # Staging runs only once the pipeline package is loaded: no import for a plain model.
+    pipeline: Any = sys.modules.get("popdist_torch.pipeline")
+    if pipeline is not None:
+        pipeline.note_checkpoint(out)
+    return out
 
 
 # TorchScript cannot read annotated varying arguments: without annotations it takes them
