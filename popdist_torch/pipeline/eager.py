@@ -130,7 +130,7 @@ class _StagedForward:
                     self.handles.append(module.register_forward_hook(self._output))
         for module in self.recompute:
             self.own_forward.append(vars(module).get("forward"))
-            module.forward = _recomputed(module.forward)  # type: ignore[method-assign]
+            module.forward = _recomputed(module.forward)
         if self.uses is not None:
             state.checkpointed = self.checkpointed
             self.uses.__enter__()  # type: ignore[no-untyped-call]
@@ -151,7 +151,7 @@ class _StagedForward:
         for module, own in zip(self.recompute, self.own_forward, strict=True):
             del module.forward
             if own is not None:
-                module.forward = own  # type: ignore[method-assign]
+                module.forward = own
         self.sequence = list(trace_state.sequence)
         self.blocks = dict(trace_state.blocks)
         trace_state.reset()
