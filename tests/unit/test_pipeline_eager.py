@@ -465,3 +465,36 @@ def test_recomputation_checkpoints_recompute_their_blocks_on_the_eager_path() ->
     assert not hasattr(checkpointed.layers[0], "__dict__") or "forward" not in vars(
         checkpointed.layers[0]
     )
+
+
+def test_placed_block_contexts_in_an_untraceable_forward_stage_through_the_executor() -> None:
+    """No strategy: the first call sees Block(ipu_id=...) and restages, here eagerly."""
+
+    class Placed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with Block(ipu_id=0):
+                h = torch.relu(self.a(x))
+            if h.sum() < -1e9:  # control flow on a value: no trace
+                h = -h
+            with Block(ipu_id=1):
+                return self.b(h).pow(2).mean()
+
+    torch.manual_seed(0)
+    base = Placed()
+    xs = torch.randn(4, 3, 4)
+    ref, model = copy.deepcopy(base), copy.deepcopy(base)
+    for x in xs:
+        (ref(x) / 4).backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    with record_schedule() as events:
+        training(xs.flatten(0, 1))
+    assert {(e.stage, e.device) for e in events} == {(0, 0), (1, 1)}
+    for (name, p), q in zip(ref.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=name)

@@ -67,6 +67,17 @@ def test_hugging_face_lm_pipelined_trains_as_plain_torch(
     assert loss.shape == () and torch.isfinite(loss)  # OutputMode.Final: the last micro-batch
     logits = outs[-1]["logits"] if return_dict else outs[-1][1]
     assert logits.shape == (MICRO, 8, 100)
+    if devices == 2:  # the same stages for inference, keyword inputs, every micro-batch out
+        opts = poptorch.Options().deviceIterations(2)
+        opts.setExecutionStrategy(pipeline(model, devices))
+        inference = poptorch.inferenceModel(model.eval(), opts)
+        batch = token_batch(4, seed=7)
+        del batch["labels"]
+        with torch.no_grad():
+            expected = model(**batch).logits
+        got = inference(**batch, return_dict=return_dict)
+        got = got["logits"] if return_dict else got[0]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def micro_loop(model: nn.Module, batches: list[tuple[torch.Tensor, ...]], lr: float) -> None:
