@@ -191,7 +191,8 @@ def trace(model: nn.Module, bound: Bound) -> tuple[fx.GraphModule, dict[str, int
                 buffer.copy_(value)
     if left:
         raise Untraceable(
-            f"{type(model).__name__}.forward sets attribute(s) {', '.join(left)} from traced values"
+            f"{type(model).__name__}.forward sets attribute(s) {', '.join(left)}, which a "
+            "traced graph would not repeat"
         )
     _check_no_state_mutation(model, graph)
     return fx.GraphModule(model, graph), blocks
@@ -216,17 +217,22 @@ def _state_of(module: nn.Module) -> tuple[dict[str, Any], ...]:
 
 
 def _restore_proxies(saved: list[tuple[nn.Module, tuple[dict[str, Any], ...]]]) -> list[str]:
-    """Undo what the trace's run of forward set on the modules; returns the attributes that
-    it left holding a proxy (the trace cannot stand for such a forward)."""
-    left: list[str] = []
+    """Undo what the trace's run of forward set on the modules; returns what it set.
+
+    An attribute, parameter or buffer that forward assigns (a proxy left behind, a counter
+    bumped) is a side effect the traced graph would never repeat: such a forward runs
+    eagerly instead.
+    """
+    changed: list[str] = []
     for module, before in saved:
         now = (vars(module), module._parameters, module._buffers)
         for current, old in zip(now, before, strict=True):
-            left += [name for name, value in current.items() if isinstance(value, fx.Proxy)]
-            if current.keys() != old.keys() or any(current[k] is not v for k, v in old.items()):
+            names = [k for k in current.keys() | old.keys() if current.get(k) is not old.get(k)]
+            if names:
+                changed += sorted(names)
                 current.clear()
                 current.update(old)
-    return left
+    return changed
 
 
 def _compute_nodes(graph: fx.Graph) -> list[fx.Node]:

@@ -498,3 +498,24 @@ def test_placed_block_contexts_in_an_untraceable_forward_stage_through_the_execu
     assert {(e.stage, e.device) for e in events} == {(0, 0), (1, 1)}
     for (name, p), q in zip(ref.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_a_python_side_effect_in_forward_happens_on_every_call() -> None:
+    """A traced graph would not repeat ``self.calls += 1``: the model runs eagerly."""
+
+    class Counts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1 = BeginBlock(nn.Linear(2, 2), "A", ipu_id=0)
+            self.l2 = BeginBlock(nn.Linear(2, 1), "B", ipu_id=1)
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            return self.l2(self.l1(x)).sum()
+
+    model = Counts()
+    runner = StageRunner(model, PipelinedExecution(), num_devices=2)
+    runner.forward_backward([(torch.ones(3, 2),)] * 2)
+    runner.forward_backward([(torch.ones(3, 2),)] * 2)
+    assert model.calls == 4 and runner.staged_at_run_time()
