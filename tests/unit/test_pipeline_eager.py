@@ -88,7 +88,6 @@ def assert_same_grads(ref: nn.Module, got: nn.Module, rtol: float = 1e-6) -> Non
 
 STRATEGIES = {
     "pipelined": lambda: PipelinedExecution("B1", "B2", "B3"),
-    "pipelined-auto": lambda: PipelinedExecution(),
     "sharded": lambda: ShardedExecution(Stage("B1").ipu(0), Stage("B2", "B3").ipu(1)),
     "serial-phased": lambda: SerialPhasedExecution("B1", "B2", "B3"),
 }
