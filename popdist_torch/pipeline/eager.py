@@ -15,8 +15,10 @@ Each micro-batch runs its stages in order, forward then backward (one autograd p
 gradients of a weight shared by stages sum from every use, as in plain torch).  The stages
 do not overlap: on a CPU a forward that Python drives cannot be cut between threads without
 locks that a block re-entered would deadlock on.  Each stage computes with its device's share
-of torch's intra-op threads, as on the traced path (the runner sets it around the step).  The profile still shows each stage's forward (the span between its
-boundaries) and backward (the span until the gradient reaches its first boundary input).
+of torch's intra-op threads, as on the traced path (the runner sets it around the step).
+The profile still shows each stage's forward (the span between its boundaries) and
+backward (until the gradient reaches the first activation the stage took, marked while
+recording).
 
 A ``BeginBlock`` module whose output the first forward passed to ``recomputationCheckpoint``
 (as applications do from a forward hook on each layer) runs under
@@ -94,6 +96,43 @@ class _ParameterUse(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _EntryMarks(TorchFunctionMode):
+    """Marks, for the profile, when the gradient reaches each block's first input.
+
+    The first operation of a block that takes an activation (a tensor computed earlier, not
+    a parameter or the data) gets a gradient hook on it: in backward it fires once the block
+    is done, which ends that block's backward span. Active only while recording.
+    """
+
+    def __init__(self, arrived: dict[str, float]) -> None:
+        super().__init__()
+        self.arrived = arrived
+        self.marked: set[str] = set()
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        block = trace_state.current
+        if block is not None and block not in self.marked and torch.is_grad_enabled():
+            for value in tree_leaves((list(args), dict(kwargs))):
+                if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                    self.marked.add(block)
+                    value.register_hook(self._arrived(block))  # type: ignore[no-untyped-call]
+                    break
+        return func(*args, **kwargs)
+
+    def _arrived(self, block: str) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            self.arrived[block] = max(self.arrived.get(block, 0.0), time.perf_counter())
+
+        return hook
+
+
 class _StagedForward:
     """One eager forward under staging: the boundaries' hooks, the blocks it went through."""
 
@@ -113,6 +152,7 @@ class _StagedForward:
         self.checkpointed: set[int] = set()
         self.own_forward: list[Any] = []  # a forward set on the instance, put back after
         self.handles: list[RemovableHandle] = []
+        self.marks: _EntryMarks | None = None
         self.sequence: list[tuple[str, float]] = []
         self.blocks: dict[str, int | None] = {}
         self.entry_grads: dict[str, float] = {}  # block -> when its input's gradient arrived
@@ -134,6 +174,9 @@ class _StagedForward:
         if self.uses is not None:
             state.checkpointed = self.checkpointed
             self.uses.__enter__()  # type: ignore[no-untyped-call]
+        self.marks = _EntryMarks(self.entry_grads) if self.backward_marks else None
+        if self.marks is not None:
+            self.marks.__enter__()  # type: ignore[no-untyped-call]
         self.start = time.perf_counter()
         return self
 
@@ -144,6 +187,8 @@ class _StagedForward:
         tb: TracebackType | None,
     ) -> None:
         self.end = time.perf_counter()
+        if self.marks is not None:
+            self.marks.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
         if self.uses is not None:
             self.uses.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
         for handle in self.handles:
@@ -161,9 +206,7 @@ class _StagedForward:
 
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             name = user_id if user_id is not None else (None if ipu_id is None else f"ipu{ipu_id}")
-            block = enter_block(name, ipu_id)
-            if self.backward_marks and torch.is_grad_enabled():
-                self._mark_backward(block, args)
+            enter_block(name, ipu_id)
 
         return hook
 
@@ -177,16 +220,6 @@ class _StagedForward:
         (directly or from a forward hook), except those that update running statistics."""
         found = {id(m): m for key, m in self.outputs.items() if key in self.checkpointed}
         return [m for m in found.values() if not _has_running_stats(m)]
-
-    def _mark_backward(self, block: str, args: tuple[Any, ...]) -> None:
-        for value in tree_leaves(list(args)):
-            if isinstance(value, torch.Tensor) and value.requires_grad:
-
-                def arrived(grad: torch.Tensor) -> None:
-                    self.entry_grads[block] = time.perf_counter()
-
-                value.register_hook(arrived)  # type: ignore[no-untyped-call]
-                return
 
     def order(self) -> list[str]:
         """The blocks in the order they were first entered (the whole model if none)."""
@@ -361,7 +394,7 @@ class EagerStages:
         end = time.perf_counter()
         arrived: dict[int, float] = {}
         for block, when in seen.entry_grads.items():
-            stage = self.plan.stage_of_block[block]
+            stage = self.plan.stage_of_block.get(block, 0)
             arrived[stage] = max(arrived.get(stage, 0.0), when)
         begin = start
         stages = sorted(spans)
