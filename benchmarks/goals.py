@@ -352,6 +352,20 @@ def _others() -> list[Goal]:
     return goals
 
 
+def _real_models() -> list[Goal]:
+    def md(case: str) -> Figure:
+        return at("median", case)
+
+    return [
+        Goal("issue 30: tiny BERT training step, executor ≥ 0.9× plain torch", "real-models",
+             at("ratio", "executor"), 0.9, "≥", "{a:.0f} vs {b:.0f} samples/s",
+             {"a": md("executor step"), "b": md("plain torch step")}),
+        Goal("issue 30: pipeline staged eagerly ≥ 0.9× staged by torch.fx", "real-models",
+             at("ratio", "eager"), 0.9, "≥", "{a:.0f} vs {b:.0f} samples/s",
+             {"a": md("eager-staged pipeline"), "b": md("fx-staged pipeline")}),
+    ]  # fmt: skip
+
+
 def _progress() -> list[Goal]:
     goals = []
     for model in ("mlp", "cnn"):
@@ -412,4 +426,5 @@ GOALS: tuple[Goal, ...] = (
     *_progress(),
     *_deterministic(),
     *_status_page(),
+    *_real_models(),
 )

@@ -62,6 +62,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             "training-throughput",
         ),
         "pipeline": ([PY, str(here / "pipeline.py"), "--rounds", "5"], 120, "pipeline-benchmark"),
+        "real_models": ([PY, str(here / "real_models.py"), "--rounds", "7"], 300, "real-models"),
         "lightning": (
             [PY, str(here / "lightning_strategy.py"), "--rounds", "5"],
             1200,
@@ -164,6 +165,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Training throughput", "training-throughput", "training-throughput.png"),
     ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
+    ("Real models: executor and staging", "real-models", None),
     ("Lightning: IPUStrategy against DDP and a raw loop", "lightning-benchmark", None),
     ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
     ("Inside a Slurm allocation: launch", "slurm-benchmark", None),

@@ -82,7 +82,7 @@ TOP_LEVEL: tuple[Row, ...] = (
     supported(P, "nop", "returns its input", OPS),
     supported(P, "dynamic_slice", "`tensor[start:start+size:step]` along `dim`", OPS),
     supported(P, "dynamic_update", "a copy of the input with `src` written at `start`", OPS),
-    no_op(P, "recomputationCheckpoint", "PopTorch recomputes activations from there; here there is no recomputation: returns its tensors", section=OPS),
+    supported(P, "recomputationCheckpoint", "returns its values (any nesting); a model staged at its blocks as it runs recomputes, with `torch.utils.checkpoint`, each `BeginBlock` module whose output it was given", OPS),
     supported(P, "serializedMatMul", "`lhs @ rhs`, computed whole", OPS),
     no_op(P, "set_available_memory", "PopTorch plans tile memory with it; there are no tiles: returns its tensor", section=OPS),
     no_op(P, "set_overlap_for_input", "PopTorch overlaps host I/O on IO tiles; there are none: returns its tensors", section=OPS),
