@@ -511,6 +511,25 @@ def _others() -> list[Goal]:
     return goals
 
 
+def _real_models() -> list[Goal]:
+    def md(case: str) -> Figure:
+        return at("median", case)
+
+    def each(case: str, anchor: str) -> Rounds:
+        return per_round(listed("samples_per_s", case), listed("samples_per_s", anchor))
+
+    return [
+        Goal("issue 30: tiny BERT training step, executor ≥ 0.9× plain torch", "real-models",
+             at("ratio", "executor"), 0.9, "≥", "{a:.0f} vs {b:.0f} samples/s",
+             {"a": md("executor step"), "b": md("plain torch step")},
+             rounds=each("executor step", "plain torch step")),
+        Goal("issue 30: pipeline staged eagerly ≥ 0.9× staged by torch.fx", "real-models",
+             at("ratio", "eager"), 0.9, "≥", "{a:.0f} vs {b:.0f} samples/s",
+             {"a": md("eager-staged pipeline"), "b": md("fx-staged pipeline")},
+             rounds=each("eager-staged pipeline", "fx-staged pipeline")),
+    ]  # fmt: skip
+
+
 def _progress() -> list[Goal]:
     goals = []
     for model, threshold, title in (
@@ -533,6 +552,36 @@ def _progress() -> list[Goal]:
     return goals
 
 
+def _deterministic() -> list[Goal]:
+    goals = []
+    for split in ("2x3", "1x6"):
+
+        def md(mode: str, split: str = split) -> Figure:
+            return lambda d: statistics.median(d[split][mode])
+
+        goals.append(Goal(
+            f"issue 31: deterministic reduction / default, training throughput, {split} "
+            "(stated, not judged)",
+            "deterministic-reduction", at(split, "ratio"), None, "≥",
+            "{a:.0f} vs {b:.0f} samples/s (median of {n:.0f} block-pair ratios within launches)",
+            {"a": md("deterministic"), "b": md("default"), "n": lambda d, s=split: len(d[s]["ratios"])},
+            optional=split != "2x3", rounds=listed(split, "ratios")))  # fmt: skip
+    return goals
+
+
+def _status_page() -> list[Goal]:
+    return [
+        Goal("issue 32: training with the status page open (a refresh a second) ≥ 0.99× closed",
+             "status-page", at("ratio"), 0.99, "≥",
+             "{a:.0f} vs {b:.0f} samples/s (median of the on/off ratios of {n:.0f} window pairs "
+             "within one launch; the page's CPU alone: {c:.2%})",
+             {"a": lambda d: statistics.median(d["rates"]["on"]),
+              "b": lambda d: statistics.median(d["rates"]["off"]),
+              "n": at("pairs"), "c": at("expected_cost")},
+             optional=True, rounds=listed("ratios")),  # needs Chromium
+    ]  # fmt: skip
+
+
 GOALS: tuple[Goal, ...] = (
     *_launchers(),
     *_launch_overhead(),
@@ -543,4 +592,7 @@ GOALS: tuple[Goal, ...] = (
     *_slurm(),
     *_others(),
     *_progress(),
+    *_deterministic(),
+    *_status_page(),
+    *_real_models(),
 )

@@ -71,6 +71,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             "training-throughput",
         ),
         "pipeline": ([PY, str(here / "pipeline.py"), "--rounds", "5"], 120, "pipeline-benchmark"),
+        "real_models": ([PY, str(here / "real_models.py"), "--rounds", "7"], 300, "real-models"),
         "lightning": (
             [PY, str(here / "lightning_strategy.py"), "--rounds", "5"],
             1200,
@@ -103,6 +104,10 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         "progress_overhead": (
             [PY, str(here / "progress_overhead.py"), "--rounds", "7"], 1200, "progress-overhead",
         ),
+        "deterministic": (
+            [PY, str(here / "deterministic.py"), "--launches", "3"], 900, "deterministic-reduction",
+        ),
+        "status_page": ([PY, str(here / "status_page.py")], 900, "status-page"),
     }  # fmt: skip
 
 
@@ -169,12 +174,15 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Training throughput", "training-throughput", "training-throughput.png"),
     ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
+    ("Real models: executor and staging", "real-models", None),
     ("Lightning: IPUStrategy against DDP and a raw loop", "lightning-benchmark", None),
     ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
     ("Inside a Slurm allocation: launch", "slurm-benchmark", None),
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
     ("The torch.distributed backend", "torch-backend", None),
     ("Progress reporting: training throughput on and off", "progress-overhead", None),
+    ("Deterministic reduction: training throughput on and off", "deterministic-reduction", None),
+    ("The live status page: training throughput, page on and off", "status-page", None),
 ]
 
 

@@ -78,6 +78,8 @@ def shared_values(config: RunConfig) -> dict[str, str]:
         values[contract.PROGRESS_STACKS] = f"{config.hang_timeout / 2:g}"
     if config.executable_cache_path:
         values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
+    if config.deterministic_reduction:
+        values[contract.DETERMINISTIC_REDUCTION] = "1"
     return values
 
 

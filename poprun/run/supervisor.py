@@ -92,7 +92,10 @@ def supervise(
         attempt = Supervisor(config, topology, argv, env, policy, inbox)
         if status is not None:
             status.live.attach(
-                attempt.board.snapshot, instances=len(topology.instances), started=time.monotonic()
+                attempt.board.snapshot,
+                instances=len(topology.instances),
+                started=time.monotonic(),
+                notes=lambda attempt=attempt: attempt.progress.notes,  # type: ignore[misc]
             )
         ending = policy.ending(attempt.run())
         attempt.progress_view.print_report()  # the per-instance table, the straggler
