@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORUN  := $(VENV)/bin/poprun
 
-.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-multihost test-slurm lint bench gpu-check clean
+.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-packaging test-multihost test-slurm lint bench gpu-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -25,6 +25,9 @@ test-parallel: setup
 
 test-lightning: setup
 	$(PY) -m pytest tests/lightning tests/seeds/lightning -q
+
+test-packaging: setup
+	$(PY) -m pytest tests/packaging -q
 
 test-multihost: setup
 	@$(PY) -m tests.multihost.hosts check || true

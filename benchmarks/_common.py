@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -63,14 +65,28 @@ class Summary:
         return f"{self.median * scale:.{digits}f} {unit} (IQR {self.iqr * scale:.{digits}f}, n={len(self.samples)})"
 
 
-def interleave(cases: dict[str, Callable[[], float]], rounds: int) -> dict[str, Summary]:
-    """Run every case once per round, in a rotating order, so drift hits all cases alike."""
+def interleave(
+    cases: dict[str, Callable[[], float]],
+    rounds: int,
+    *,
+    until: Callable[[dict[str, list[float]]], bool] | None = None,
+    max_rounds: int = 0,
+    budget_s: float = 0.0,
+) -> dict[str, Summary]:
+    """Run every case once per round, in a rotating order, so drift hits all cases alike.
+
+    With ``until`` (the samples so far → whether the goals clear with margin), more rounds
+    follow the ``rounds`` asked for, up to ``max_rounds`` within ``budget_s``
+    (:func:`rounds_until_clear`)."""
     names = list(cases)
     got: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
+
+    def one_round(r: int) -> None:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             got[name].append(cases[name]())
+
+    settled = (lambda: until(got)) if until is not None else (lambda: True)
+    rounds_until_clear(one_round, rounds, settled=settled, max_rounds=max_rounds, budget_s=budget_s)
     return {name: Summary(tuple(v)) for name, v in got.items()}
 
 
@@ -86,16 +102,69 @@ def wall(argv: Sequence[str], env: dict[str, str] | None = None) -> float:
     return elapsed
 
 
-def machine() -> str:
-    """One line describing this machine and its load."""
-    cpu = "?"
+def cpu_model() -> str:
+    """This machine's CPU model as /proc/cpuinfo names it (the key of the per-CPU records)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip() or "?"
     except OSError:
         pass
+    return platform.processor() or "?"
+
+
+#: The CPU of the records written before they were kept per CPU (every committed run).
+LEGACY_CPU = "AMD EPYC"
+
+
+def _records(stem: str) -> dict[str, Any]:
+    """``docs/<stem>.json`` in its per-CPU form: ``{"latest", "by_cpu", "notes"}``.
+
+    A file from before the per-CPU form (one run's results at the top) is read as the
+    record of :data:`LEGACY_CPU`.
+    """
+    path = DOCS / f"{stem}.json"
+    if not path.exists():
+        return {"latest": None, "by_cpu": {}, "notes": {}}
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "by_cpu" in data:
+        data.setdefault("notes", {})
+        return data
+    return {"latest": LEGACY_CPU, "by_cpu": {LEGACY_CPU: data}, "notes": {}}
+
+
+def save_results(stem: str, data: Any, cpu: str | None = None) -> Path:
+    """Write one run's ``data`` as this CPU's record in ``docs/<stem>.json``.
+
+    The other CPUs' records stay: a regression on one CPU stays visible after a run on
+    another. The run's CPU becomes ``latest`` (the record the report's headline reads).
+    """
+    records = _records(stem)
+    cpu = cpu or cpu_model()
+    records["by_cpu"][cpu] = data
+    records["latest"] = cpu
+    records["notes"].pop(cpu, None)  # a measured record replaces a transcribed one
+    path = DOCS / f"{stem}.json"
+    DOCS.mkdir(exist_ok=True)
+    path.write_text(json.dumps(records, indent=1))
+    return path
+
+
+def load_results(stem: str, cpu: str | None = None) -> Any:
+    """The record of ``cpu`` (default: the latest run's) in ``docs/<stem>.json``, or None."""
+    records = _records(stem)
+    return records["by_cpu"].get(cpu or records["latest"])
+
+
+def recorded_cpus(stem: str) -> dict[str, str]:
+    """CPU model → its note ("" when measured; else how the figures were recorded)."""
+    records = _records(stem)
+    return {cpu: records["notes"].get(cpu, "") for cpu in records["by_cpu"]}
+
+
+def machine() -> str:
+    """One line describing this machine and its load."""
+    cpu = cpu_model()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     mpi = subprocess.run(
@@ -142,3 +211,29 @@ def which(name: str) -> str:
     if not found:
         raise RuntimeError(f"{name} not found; run `make setup`")
     return found
+
+
+def rounds_until_clear(
+    one_round: Callable[[int], None],
+    rounds: int,
+    *,
+    settled: Callable[[], bool],
+    max_rounds: int,
+    budget_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Run ``one_round(r)`` for r = 0, 1, ...: ``rounds`` of them, then more while
+    ``settled()`` is false (the goals do not yet clear with margin: issue 33), as long as
+    another round fits in ``budget_s`` (judged by the slowest round so far) and ``max_rounds``
+    is not reached. Returns the number of rounds run."""
+    start = clock()
+    slowest = 0.0
+    done = 0
+    while done < rounds or (done < max_rounds and not settled()):
+        if done >= rounds and clock() - start + slowest > budget_s:
+            break
+        t0 = clock()
+        one_round(done)
+        slowest = max(slowest, clock() - t0)
+        done += 1
+    return done

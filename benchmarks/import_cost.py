@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-from _common import ROOT, interleave, table, wall, write_doc
+from _common import ROOT, interleave, save_results, table, wall, write_doc
 
 TARGET = 1.3
 POPDIST = "python -c 'import popdist'"
@@ -115,17 +115,15 @@ def main() -> int:
     )
     print(body)
     path = write_doc("import-cost.md", "Import cost of popdist", body)
-    (ROOT / "docs" / "import-cost.json").write_text(
-        json.dumps(
-            {
-                "ratio": ratio,
-                "heavy": heavy,
-                "importtime_ms": inproc,
-                "median_s": {name: s.median for name, s in results.items()},
-                "samples": {name: s.samples for name, s in results.items()},
-            },
-            indent=1,
-        )
+    save_results(
+        "import-cost",
+        {
+            "ratio": ratio,
+            "heavy": heavy,
+            "importtime_ms": inproc,
+            "median_s": {name: s.median for name, s in results.items()},
+            "samples": {name: s.samples for name, s in results.items()},
+        },
     )
     print(f"wrote {path.relative_to(ROOT)}")
     return 0 if ratio <= TARGET and not heavy else 1

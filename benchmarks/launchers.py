@@ -15,14 +15,23 @@ poprun passes on one host, so the two rows show what that tuning is worth by its
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-from _common import DOCS, MPIRUN_BASE, Summary, interleave, table, wall, which, write_doc
+from _common import (
+    DOCS,
+    MPIRUN_BASE,
+    Summary,
+    interleave,
+    save_results,
+    table,
+    wall,
+    which,
+    write_doc,
+)
 
 PY = sys.executable
 TRIVIAL = "pass"
@@ -122,20 +131,18 @@ def main() -> None:
         + "\n\n".join(sections)
     )
     path = write_doc("launchers.md", "Launch time: poprun, mpirun, torchrun, horovodrun", body)
-    (DOCS / "launchers.json").write_text(
-        json.dumps(
-            {
-                job: {
-                    name: {
-                        str(n): {"median": s.median, "iqr": s.iqr, "samples": s.samples}
-                        for n, s in by_n.items()
-                    }
-                    for name, by_n in r.items()
+    save_results(
+        "launchers",
+        {
+            job: {
+                name: {
+                    str(n): {"median": s.median, "iqr": s.iqr, "samples": s.samples}
+                    for n, s in by_n.items()
                 }
-                for job, r in results.items()
-            },
-            indent=1,
-        )
+                for name, by_n in r.items()
+            }
+            for job, r in results.items()
+        },
     )
     _plot(results, counts)
     print(path.read_text())

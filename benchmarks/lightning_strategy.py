@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker, args.steps, args.warmup, args.out)
         return 0
 
-    from benchmarks._common import Summary, table, write_doc
+    from benchmarks._common import Summary, save_results, table, write_doc
 
     ddp_steps = args.steps * DEVICE_ITERATIONS  # the same number of weight updates
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         write_doc(
             "lightning-benchmark.md", "Lightning: IPUStrategy against DDP and a raw loop", body
         )
-        (Path(ROOT) / "docs" / "lightning-benchmark.json").write_text(json.dumps(result, indent=1))
+        save_results("lightning-benchmark", result)
     return 0
 
 

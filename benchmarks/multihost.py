@@ -37,7 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-from _common import DOCS, ROOT, interleave, table, write_doc
+from _common import ROOT, interleave, rounds_until_clear, save_results, table, write_doc
+from goals import clears
 
 from tests.multihost.hosts import Hosts, unavailable
 
@@ -120,7 +121,10 @@ def allreduce_once(hosts: Hosts, backend: str, env: dict[str, str]) -> dict[int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="launch rounds")
+    parser.add_argument("--max-rounds", type=int, default=14, help="launch rounds until margin")
     parser.add_argument("--allreduce-rounds", type=int, default=5)
+    parser.add_argument("--max-allreduce-rounds", type=int, default=10, help="until margin")
+    parser.add_argument("--allreduce-budget", type=float, default=300, help="seconds")
     args = parser.parse_args()
     reason = unavailable()
     if reason is not None:
@@ -136,15 +140,38 @@ def main() -> int:
         }
         for case in cases.values():  # warm the page cache and sshd once, untimed
             case()
-        launch = interleave(cases, args.rounds)
+
+        def launch_clear(got: dict[str, list[float]]) -> bool:  # both launch goals, with margin
+            def each(anchor: str) -> list[float]:
+                return [p / a for p, a in zip(got["poprun"], got[anchor], strict=True)]
+
+            return clears(each("mpirun"), 1.1, "≤") and clears(
+                each("torchrun --nnodes 2"), 1.0, "<"
+            )
+
+        launch = interleave(
+            cases, args.rounds, until=launch_clear, max_rounds=args.max_rounds, budget_s=240
+        )
 
         samples: dict[str, dict[int, list[float]]] = {b: {s: [] for s in SIZES} for b in
                                                        ("horovod", "mpi4py")}  # fmt: skip
-        for r in range(args.allreduce_rounds):
+
+        def one_round(r: int) -> None:
             order = ["horovod", "mpi4py"] if r % 2 == 0 else ["mpi4py", "horovod"]
             for backend in order:
                 for size, secs in allreduce_once(hosts, backend, env).items():
                     samples[backend][size].append(secs)
+
+        def settled() -> bool:  # every size clears the 0.9 goal with margin (issue 33)
+            hv, mp = samples["horovod"], samples["mpi4py"]
+            return all(
+                clears([m / h for h, m in zip(hv[s], mp[s], strict=True)], 0.9, "≥") for s in SIZES
+            )
+
+        allreduce_rounds = rounds_until_clear(
+            one_round, args.allreduce_rounds, settled=settled,
+            max_rounds=args.max_allreduce_rounds, budget_s=args.allreduce_budget,
+        )  # fmt: skip
         left = hosts.wait_clean(within=10.0)
         if left:
             raise RuntimeError(f"processes left on the hosts: {left}")
@@ -165,6 +192,7 @@ def main() -> int:
             "algbw": bw,
             "ratio": statistics.median(paired),
             "ratio_range": [min(paired), max(paired)],
+            "ratios": paired,  # per round: the spread the goal's margin reads
         }
         rows.append(
             [
@@ -185,7 +213,8 @@ def main() -> int:
             "training thread waiting on it) against raw MPI's one; from 4 MB the waiting "
             "thread naps instead of polling (`popdist/collectives/horovod.py`). "
             "The machine's load average (first line) counts the other jobs it ran meanwhile.",
-            f"### Launch + start the backend, 2 hosts (median of {args.rounds} interleaved rounds)",
+            f"### Launch + start the backend, 2 hosts (median of {len(launch['poprun'].samples)} "
+            "interleaved rounds)",
             table(
                 ["launcher", "wall time"],
                 [[name, launch[name].fmt()] for name in LAUNCHERS],
@@ -195,7 +224,7 @@ def main() -> int:
             f"- poprun / torchrun --nnodes 2 = {ratios['poprun_vs_torchrun']:.2f}×\n"
             "- torchrun's second node is started directly on h2 (no ssh), as a scheduler "
             "would start it; poprun and mpirun reach h2 by ssh.",
-            f"### Gradient allreduce across the 2 hosts ({args.allreduce_rounds} rounds)",
+            f"### Gradient allreduce across the 2 hosts ({allreduce_rounds} rounds)",
             "The executor's gradient path (Horovod, one parameter of the size) against raw "
             "mpi4py `MPI_Allreduce` on a buffer from torch's allocator, both launched by "
             "poprun on h1 and h2; algbw in GB/s from the median over rounds, ratio per round "
@@ -204,20 +233,18 @@ def main() -> int:
         ]
     )
     path = write_doc("multihost-benchmark.md", "Across hosts: launch and allreduce", body)
-    (DOCS / "multihost-benchmark.json").write_text(
-        json.dumps(
-            {
-                "launch": {
-                    n: {"median": s.median, "iqr": s.iqr, "samples": s.samples}
-                    for n, s in launch.items()
-                },
-                "ratios": ratios,
-                "allreduce": allreduce,
-                "rounds": args.rounds,
-                "allreduce_rounds": args.allreduce_rounds,
+    save_results(
+        "multihost-benchmark",
+        {
+            "launch": {
+                n: {"median": s.median, "iqr": s.iqr, "samples": s.samples}
+                for n, s in launch.items()
             },
-            indent=1,
-        )
+            "ratios": ratios,
+            "allreduce": allreduce,
+            "rounds": len(launch["poprun"].samples),
+            "allreduce_rounds": allreduce_rounds,
+        },
     )
     print(path.read_text())
     return 0

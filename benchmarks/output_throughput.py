@@ -15,7 +15,6 @@ and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -24,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from _common import DOCS, MPIRUN_BASE, ROOT, Summary, table, which, write_doc
+from _common import MPIRUN_BASE, ROOT, Summary, save_results, table, which, write_doc
 
 PY = sys.executable
 TARGET = 0.8
@@ -152,11 +151,9 @@ def main() -> None:
         )
     )
     write_doc("output-throughput.md", "Output throughput: poprun against bare mpirun", body)
-    (DOCS / "output-throughput.json").write_text(
-        json.dumps(
-            {"mb": args.mb, "rounds": args.rounds, "target": TARGET, "met": met, **results},
-            indent=1,
-        )
+    save_results(
+        "output-throughput",
+        {"mb": args.mb, "rounds": args.rounds, "target": TARGET, "met": met, **results},
     )
     print(body)
 

@@ -25,7 +25,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import goals
-from _common import DOCS, ROOT, compile_sources, machine, table
+from _common import (
+    DOCS,
+    ROOT,
+    compile_sources,
+    cpu_model,
+    load_results,
+    machine,
+    recorded_cpus,
+    table,
+)
 from goals import Row
 
 PY = sys.executable
@@ -62,6 +71,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             "training-throughput",
         ),
         "pipeline": ([PY, str(here / "pipeline.py"), "--rounds", "5"], 120, "pipeline-benchmark"),
+        "real_models": ([PY, str(here / "real_models.py"), "--rounds", "7"], 300, "real-models"),
         "lightning": (
             [PY, str(here / "lightning_strategy.py"), "--rounds", "5"],
             1200,
@@ -96,6 +106,10 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         "progress_overhead": (
             [PY, str(here / "progress_overhead.py"), "--rounds", "7"], 1200, "progress-overhead",
         ),
+        "deterministic": (
+            [PY, str(here / "deterministic.py"), "--launches", "3"], 900, "deterministic-reduction",
+        ),
+        "status_page": ([PY, str(here / "status_page.py")], 900, "status-page"),
     }  # fmt: skip
 
 
@@ -149,9 +163,9 @@ def run(names: list[str], baseline: str | None) -> dict[str, dict[str, Any]]:
     return log
 
 
-def _load(stem: str) -> Any:
-    path = DOCS / f"{stem}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+def _load(stem: str, cpu: str | None = None) -> Any:
+    """A benchmark's results: ``cpu``'s record, by default the latest run's."""
+    return load_results(stem, cpu)
 
 
 SECTIONS: list[tuple[str, str, str | None]] = [
@@ -162,6 +176,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Training throughput", "training-throughput", "training-throughput.png"),
     ("Training throughput: the MLP's goal cases, more rounds", "training-throughput-goals", None),
     ("Pipelined vs sharded execution", "pipeline-benchmark", None),
+    ("Real models: executor and staging", "real-models", None),
     ("Lightning: IPUStrategy against DDP and a raw loop", "lightning-benchmark", None),
     ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
     ("A lost host: detection, recovery, recomputed steps", "elastic-benchmark", None),
@@ -169,12 +184,15 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
     ("The torch.distributed backend", "torch-backend", None),
     ("Progress reporting: training throughput on and off", "progress-overhead", None),
+    ("Deterministic reduction: training throughput on and off", "deterministic-reduction", None),
+    ("The live status page: training throughput, page on and off", "status-page", None),
 ]
 
 
-def results() -> dict[str, Any]:
-    """Every benchmark's JSON by name, and the training view the goals read."""
-    found = {stem: _load(stem) for _, stem, _ in SECTIONS}
+def results(cpu: str | None = None) -> dict[str, Any]:
+    """Every benchmark's results by name (``cpu``'s records; by default each benchmark's
+    latest run), and the training view the goals read."""
+    found = {stem: _load(stem, cpu) for _, stem, _ in SECTIONS}
     found = {stem: data for stem, data in found.items() if data is not None}
     if "training-throughput" in found:
         found["training"] = training_view(
@@ -191,11 +209,13 @@ def training_view(tt: dict[str, Any], goals_run: dict[str, Any]) -> dict[str, An
         if not data["ratios"]:
             continue
         ratios, median, rounds = data["ratios"], data["median"], tt["rounds"]
+        samples = data.get("samples_per_s", {})
         if model in focused:  # the goal cases again, with more rounds: these decide
             ratios = {**ratios, **focused[model]["ratios"]}
             median = {**median, **focused[model]["median"]}
+            samples = {**samples, **focused[model].get("samples_per_s", {})}
             rounds = goals_run["rounds"]
-        view[model] = {"ratios": ratios, "median": median, "rounds": rounds}
+        view[model] = {"ratios": ratios, "median": median, "rounds": rounds, "samples": samples}
     return view
 
 
@@ -242,6 +262,57 @@ def headline() -> tuple[list[Row], list[Row]]:
     return goals.headline(goals.GOALS, found), tuning_rows(found)
 
 
+def measured_cpus() -> dict[str, str]:
+    """Every CPU model some benchmark has a record of → its note ("" when measured)."""
+    cpus: dict[str, str] = {}
+    for _, stem, _ in SECTIONS:
+        for cpu, note in recorded_cpus(stem).items():
+            cpus[cpu] = cpus.get(cpu) or note
+    return cpus
+
+
+def per_cpu_rows(cpus: dict[str, str]) -> list[Row]:
+    """One row a goal, one column a CPU model: each goal judged on that CPU's records."""
+    judged = {cpu: results(cpu) for cpu in cpus}
+    rows: list[Row] = []
+    for goal in goals.GOALS:
+        cells, name = [], None
+        for cpu in cpus:
+            verdict = goals.evaluate(goal, judged[cpu])
+            if verdict is None or verdict.value is None:
+                cells.append("—")
+                continue
+            name = name or verdict.name
+            cell = f"{verdict.value:.2f}"
+            if verdict.spread is not None:
+                cell += f" ± {verdict.spread / 2:.2f}"
+            if verdict.met is not None:
+                cell += " yes" if verdict.met else " **no**"
+            cells.append(cell)
+        if name is not None:
+            rows.append([name, *cells])
+    return rows
+
+
+def per_cpu_section() -> list[str]:
+    """The goals on every CPU model measured, side by side (issue 33)."""
+    cpus = measured_cpus()
+    here = cpu_model()
+    labels = [cpu + (" (this machine)" if cpu == here else "") for cpu in cpus]
+    notes = [f"*{cpu}*: {note}" for cpu, note in cpus.items() if note]
+    return [
+        "## Goals on every CPU measured",
+        "",
+        "Each benchmark's JSON keeps one record a CPU model (the latest run on that model), "
+        "so a goal that regresses on one CPU stays visible after a run on another. A cell is "
+        "the figure ± half the spread of its per-round figures, then whether the goal is met "
+        "with margin on that CPU; — where that CPU has no record of it.",
+        *(["", *notes] if notes else []),
+        "",
+        table(["goal", *labels], per_cpu_rows(cpus)),
+    ]
+
+
 def _body(stem: str) -> str:
     """A benchmark's own Markdown without its title; headings pushed down two levels."""
     path = DOCS / f"{stem}.md"
@@ -253,20 +324,32 @@ def _body(stem: str) -> str:
     return "\n".join(("##" + ln) if ln.startswith("#") else ln for ln in lines).strip()
 
 
+def _machine_line() -> str | None:
+    """The machine line of the report as it stands (before the report kept it in its JSON)."""
+    path = DOCS / "performance.md"
+    for line in path.read_text().splitlines()[:5] if path.exists() else []:
+        if line.startswith("Machine: "):
+            return line.removeprefix("Machine: ").rstrip(".")
+    return None
+
+
 def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
     """Write docs/performance.md from the JSON and Markdown the benchmarks left in docs/."""
     previous = _load("performance")
+    where = machine()
     if previous:  # a partial run (--only, --assemble-only) keeps the other benchmarks' rows
+        if not log:  # nothing ran: the machine line of the runs stays (not this moment's load)
+            where = previous.get("machine") or _machine_line() or where
         log = {**previous.get("log", {}), **log}
         if total is None:
             total = previous.get("total_s")
-    goals, tuning = headline()
-    met = sum(r[3] == "**yes**" for r in goals)
-    judged = sum(r[3] != "—" for r in goals)
+    rows, tuning = headline()
+    met = sum(r[-1] == "**yes**" for r in rows)
+    judged = sum(r[-1] != "—" for r in rows)
     parts = [
         "# Performance",
         "",
-        f"Machine: {machine()}.",
+        f"Machine: {where}.",
         "Regenerate everything with `make bench` (`.venv/bin/python benchmarks/run_all.py`); "
         "each benchmark also runs alone (its command is in its section). Every figure is a "
         "median of interleaved rounds, measured side by side with its anchor in the same run. "
@@ -290,9 +373,19 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
         "",
         "## Goals",
         "",
-        f"{met} of {judged} goals met in this run.",
+        f"{met} of {judged} goals met with margin in this run, on {cpu_model()}. Met with "
+        "margin: the figure (for most goals the median of the per-round ratios) clears the "
+        "goal by at least half the spread of the per-round figures (their interquartile range "
+        "from four rounds, the range below that); a figure on the right side of its goal but "
+        "within that is shown *no (no margin)*.",
         "",
-        table(["goal", "measured", "ratio", "met?"], goals),
+        table(list(goals.HEADER), rows),
+        "",
+        *per_cpu_section(),
+        "",
+        "## Issue 33: the five rows",
+        "",
+        _body("performance-issue-33"),
         "",
         "## Tuning: before and after",
         "",
@@ -345,7 +438,10 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
     path = DOCS / "performance.md"
     path.write_text("\n".join(parts) + "\n")
     (DOCS / "performance.json").write_text(
-        json.dumps({"goals": goals, "tuning": tuning, "log": log, "total_s": total}, indent=1)
+        json.dumps(
+            {"goals": rows, "tuning": tuning, "log": log, "total_s": total, "machine": where},
+            indent=1,
+        )
     )
     return path
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-from _common import DOCS, ROOT, Summary, interleave, table, which, write_doc
+from _common import ROOT, Summary, interleave, save_results, table, which, write_doc
 
 from tests.support.slurm_cluster import SlurmCluster, unavailable
 
@@ -161,18 +161,16 @@ def main() -> int:
         ]
     )
     path = write_doc("slurm-benchmark.md", "Inside a Slurm allocation: launch", body)
-    (DOCS / "slurm-benchmark.json").write_text(
-        json.dumps(
-            {
-                "launch": {
-                    n: {"median": s.median, "iqr": s.iqr, "samples": s.samples}
-                    for n, s in launch.items()
-                },
-                "ratios": ratios,
-                "rounds": args.rounds,
+    save_results(
+        "slurm-benchmark",
+        {
+            "launch": {
+                n: {"median": s.median, "iqr": s.iqr, "samples": s.samples}
+                for n, s in launch.items()
             },
-            indent=1,
-        )
+            "ratios": ratios,
+            "rounds": args.rounds,
+        },
     )
     print(path.read_text())
     return 0

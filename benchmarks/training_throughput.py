@@ -77,8 +77,19 @@ def _model(name: str) -> Any:
             out = self.head(self.features(x))
             return out, nn.functional.cross_entropy(out, y)
 
+    class SmallMlp(nn.Module):
+        """A fast step: few, small gradients (progress_overhead's fast-step case, issue 33)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.net(x.flatten(1))
+            return out, nn.functional.cross_entropy(out, y)
+
     torch.manual_seed(0)
-    return {"mlp": Mlp, "cnn": Cnn}[name]()
+    return {"mlp": Mlp, "cnn": Cnn, "mlp-small": SmallMlp}[name]()
 
 
 def _time(
@@ -341,7 +352,7 @@ def main() -> None:
         worker(args.worker, args.model, args.batch, args.warmup, args.iters, args.batches)
         return
 
-    from benchmarks._common import DOCS, interleave, table, write_doc
+    from benchmarks._common import DOCS, interleave, save_results, table, write_doc
 
     models = args.models.split(",")
     keys = args.cases.split(",")
@@ -401,7 +412,7 @@ def main() -> None:
             )
         sections.append(text)
     suffix = f"-{args.label}" if args.label else ""
-    (DOCS / f"training-throughput{suffix}.json").write_text(json.dumps(out, indent=1))
+    save_results(f"training-throughput{suffix}", out)
     if set(DEFAULT_CASES) <= set(keys):
         _plot(out, DOCS / f"training-throughput{suffix}.png")
     body = "\n\n".join(

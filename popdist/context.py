@@ -106,7 +106,8 @@ def getDeviceId(ipusPerReplica: int = 0) -> int:
         )
     run = read_run()
     ipr = ipusPerReplica or run.num_ipus_per_replica
-    group = _next_power_of_two(run.num_local_replicas * ipr)
+    # A non-uniform split: every instance's group is sized for the largest.
+    group = _next_power_of_two(max(run.replica_counts()) * ipr)
     system = _next_power_of_two(group * run.num_instances)
     first = sum(system // (1 << k) for k in range(group.bit_length() - 1))
     return first + run.instance_index

@@ -13,8 +13,10 @@ variable                                   value
 =========================================  ====================================================
 ``POPDIST_NUM_TOTAL_REPLICAS``             ``--num-replicas``: replicas over all instances
 ``POPDIST_NUM_IPUS_PER_REPLICA``           ``--ipus-per-replica``: devices of one replica
-``POPDIST_NUM_LOCAL_REPLICAS``             replicas of this instance (replicas / instances)
-``POPDIST_UNIFORM_REPLICAS_PER_INSTANCE``  ``1``: every instance has the same local replicas
+``POPDIST_NUM_LOCAL_REPLICAS``             replicas of this instance (replicas / instances,
+                                           or one more on the first ``replicas % instances``)
+``POPDIST_UNIFORM_REPLICAS_PER_INSTANCE``  ``1``: every instance has the same local replicas;
+                                           ``0``: the split is not uniform (:func:`split_replicas`)
 ``POPDIST_REPLICA_INDEX_OFFSET``           global index of this instance's first replica
 ``POPDIST_LOCAL_INSTANCE_INDEX``           index of this instance among those on its host
 ``POPDIST_NUM_INSTANCES``                  ``--num-instances`` (added here; derivable too)
@@ -23,7 +25,9 @@ variable                                   value
 ``POPDIST_HOST``                           the host this instance was placed on (added)
 ``POPDIST_OFFLINE_MODE``                   ``1`` with ``--offline-mode``: use no accelerator
 ``POPDIST_EXECUTABLE_CACHE_PATH``          ``--executable-cache-path``: compilation cache
-``POPDIST_BACKEND``                        ``--backend``: collectives backend, ``horovod`` or
+``POPDIST_BACKEND``                        ``--backend``: collectives backend, ``auto`` (the
+                                           default: Horovod where ``horovod.torch`` imports on
+                                           every instance, else torch), ``horovod`` or
                                            ``torch`` (torch.distributed)
 ``POPDIST_ERROR_RECORD``                   ``1``: ``import popdist`` installs the excepthook
                                            that reports an uncaught exception to poprun as
@@ -32,6 +36,10 @@ variable                                   value
                                            report them to poprun (:mod:`popdist.progress`)
 ``POPDIST_PROGRESS_STACKS``                seconds without progress after which the progress
                                            records carry the threads' stacks (``0``: never)
+``POPDIST_DETERMINISTIC_REDUCTION``        ``1`` with ``--deterministic-reduction``: the sum
+                                           over replicas is the same bits whatever the split
+``POPDIST_GENERATION``                     the job's membership generation (``0`` when unset);
+                                           every checkpoint carries it
 =========================================  ====================================================
 
 The first six are PopRun's own. The *required* set (:data:`REQUIRED`) must be complete or
@@ -43,6 +51,12 @@ value, never a silent default. When the set is absent, Open MPI's
 process), and without those the run is a single process with one replica. A value that is
 not an integer, out of range, or inconsistent with the others (an offset that is not a
 multiple of the local replicas, totals that do not divide) raises :class:`PopdistError`.
+
+A non-uniform split (``POPDIST_UNIFORM_REPLICAS_PER_INSTANCE=0``) follows one rule,
+:func:`split_replicas`: the first ``replicas % instances`` instances hold one replica more,
+and each instance's global replica indices are contiguous, in instance order. Every instance
+can so work out every other's replicas (the data order and the deterministic reduction need
+them); a split that breaks the rule is an error.
 
 This module is stdlib-only and cheap to import: ``poprun`` and ``popdist`` both use it.
 """
@@ -72,6 +86,7 @@ BACKEND = "POPDIST_BACKEND"
 ERROR_RECORD = "POPDIST_ERROR_RECORD"
 PROGRESS = "POPDIST_PROGRESS"
 PROGRESS_STACKS = "POPDIST_PROGRESS_STACKS"
+DETERMINISTIC_REDUCTION = "POPDIST_DETERMINISTIC_REDUCTION"
 #: The job's membership generation: 0 at the first launch, +1 at each launch after poprun
 #: left out a lost host or readmitted one (``--min-hosts``, ``--readmit``).
 GENERATION = "POPDIST_GENERATION"
@@ -80,7 +95,7 @@ GENERATION = "POPDIST_GENERATION"
 LEASE = "POPDIST_LEASE"
 
 #: The values ``POPDIST_BACKEND`` (``poprun --backend``) may take; the first is the default.
-BACKENDS: tuple[str, ...] = ("horovod", "torch")
+BACKENDS: tuple[str, ...] = ("auto", "horovod", "torch")
 
 #: PopRun's variables: all present under poprun, all absent otherwise.
 REQUIRED: tuple[str, ...] = (
@@ -108,6 +123,7 @@ ALL: tuple[str, ...] = (
     ERROR_RECORD,
     PROGRESS,
     PROGRESS_STACKS,
+    DETERMINISTIC_REDUCTION,
     GENERATION,
     LEASE,
 )
@@ -125,12 +141,6 @@ def reported_as(environ: Mapping[str, str]) -> tuple[int | None, str]:
     index = environ.get(INSTANCE_INDEX) or environ.get(OMPI_RANK) or "0"
     number = int(index) if index.strip().isdigit() else None
     return number, environ.get(HOST) or os.uname().nodename
-
-
-def generation(environ: Mapping[str, str] | None = None) -> int:
-    """The job's membership generation (:data:`GENERATION`; 0 when unset or not a number)."""
-    value = (os.environ if environ is None else environ).get(GENERATION, "0").strip()
-    return int(value) if value.isdigit() else 0
 
 
 class PopdistError(RuntimeError):
@@ -200,6 +210,7 @@ class RunView(Record):
         "offline_mode",
         "executable_cache_path",
         "from_poprun",
+        "uniform",
     )
     num_total_replicas: int
     num_ipus_per_replica: int
@@ -213,6 +224,7 @@ class RunView(Record):
     offline_mode: bool
     executable_cache_path: str | None
     from_poprun: bool
+    uniform: bool
 
     def __init__(
         self,
@@ -228,6 +240,7 @@ class RunView(Record):
         offline_mode: bool = False,
         executable_cache_path: str | None = None,
         from_poprun: bool = False,
+        uniform: bool = True,
     ) -> None:
         self._init(
             num_total_replicas=num_total_replicas,
@@ -242,7 +255,29 @@ class RunView(Record):
             offline_mode=offline_mode,
             executable_cache_path=executable_cache_path,
             from_poprun=from_poprun,
+            uniform=uniform,
         )
+
+    def replica_counts(self) -> tuple[int, ...]:
+        """Every instance's local replicas, in instance order (they sum to the total)."""
+        if self.uniform:
+            return (self.num_local_replicas,) * self.num_instances
+        return split_replicas(self.num_total_replicas, self.num_instances)
+
+
+def split_replicas(num_total_replicas: int, num_instances: int) -> tuple[int, ...]:
+    """Each instance's local replicas: the first ``total % instances`` hold one more.
+
+    The one rule of a non-uniform split; global replica indices are contiguous in instance
+    order, so instance ``i``'s first replica is the sum of the counts before it.
+    """
+    if num_instances < 1 or num_total_replicas < num_instances:
+        raise PopdistError(
+            f"num_total_replicas={num_total_replicas} must be at least num_instances="
+            f"{num_instances} >= 1: every instance needs a replica"
+        )
+    base, extra = divmod(num_total_replicas, num_instances)
+    return tuple(base + (i < extra) for i in range(num_instances))
 
 
 def instance_environment(
@@ -256,22 +291,34 @@ def instance_environment(
     host: str,
     offline_mode: bool = False,
     executable_cache_path: str | None = None,
+    num_local_replicas: int | None = None,
+    replica_index_offset: int | None = None,
 ) -> dict[str, str]:
-    """The variables ``poprun`` exports to one instance, in the table's order."""
-    if num_instances < 1 or num_total_replicas % num_instances or num_total_replicas < 1:
+    """The variables ``poprun`` exports to one instance, in the table's order.
+
+    Without ``num_local_replicas``/``replica_index_offset`` the replicas must divide evenly
+    over the instances. With them (poprun's planner after a host is lost) the split may be
+    non-uniform, and must then follow :func:`split_replicas`;
+    ``POPDIST_UNIFORM_REPLICAS_PER_INSTANCE`` is the job-level fact (``0`` when ``total``
+    does not divide by ``instances``).
+    """
+    if num_instances < 1 or num_total_replicas < 1:
         raise PopdistError(
-            f"num_total_replicas={num_total_replicas} must be a positive multiple of "
-            f"num_instances={num_instances}"
+            f"num_total_replicas={num_total_replicas} and num_instances={num_instances} "
+            f"must be positive"
         )
     if not 0 <= instance_index < num_instances:
         raise PopdistError(f"instance_index={instance_index} must be in [0, {num_instances})")
-    local = num_total_replicas // num_instances
+    local, offset = _instance_replicas(
+        num_total_replicas, num_instances, instance_index, num_local_replicas, replica_index_offset
+    )
+    uniform = num_total_replicas % num_instances == 0
     env = {
         NUM_TOTAL_REPLICAS: str(num_total_replicas),
         NUM_IPUS_PER_REPLICA: str(num_ipus_per_replica),
         NUM_LOCAL_REPLICAS: str(local),
-        UNIFORM_REPLICAS_PER_INSTANCE: "1",
-        REPLICA_INDEX_OFFSET: str(instance_index * local),
+        UNIFORM_REPLICAS_PER_INSTANCE: "1" if uniform else "0",
+        REPLICA_INDEX_OFFSET: str(offset),
         LOCAL_INSTANCE_INDEX: str(local_instance_index),
         NUM_INSTANCES: str(num_instances),
         INSTANCE_INDEX: str(instance_index),
@@ -283,6 +330,28 @@ def instance_environment(
     if executable_cache_path:
         env[EXECUTABLE_CACHE_PATH] = executable_cache_path
     return env
+
+
+def _instance_replicas(
+    total: int, instances: int, index: int, local: int | None, offset: int | None
+) -> tuple[int, int]:
+    """``(local replicas, offset)`` of instance ``index``: even, or as given on the rule."""
+    if local is None and offset is None:
+        if total % instances:
+            raise PopdistError(
+                f"num_total_replicas={total} must be a positive multiple of "
+                f"num_instances={instances} (or give num_local_replicas and "
+                f"replica_index_offset for a non-uniform split)"
+            )
+        return total // instances, index * (total // instances)
+    counts = split_replicas(total, instances)
+    want = (counts[index], sum(counts[:index]))
+    if (local, offset) != want:
+        raise PopdistError(
+            f"num_local_replicas={local}, replica_index_offset={offset} for instance {index} "
+            f"of {instances}: {total} replicas split as {counts} give {want[0]} from {want[1]}"
+        )
+    return want
 
 
 def _int(environ: Mapping[str, str], name: str, *, minimum: int) -> int:
@@ -378,34 +447,44 @@ class PoprunEnvironment(RunEnvironment):
         local = _int(environ, NUM_LOCAL_REPLICAS, minimum=1)
         offset = _int(environ, REPLICA_INDEX_OFFSET, minimum=0)
         uniform = environ[UNIFORM_REPLICAS_PER_INSTANCE].strip()
-        if uniform != "1":
+        if uniform not in {"0", "1"}:
             raise PopdistError(
-                f"{UNIFORM_REPLICAS_PER_INSTANCE}={uniform!r}: only a uniform number of "
-                f"replicas per instance is supported (expected '1')"
+                f"{UNIFORM_REPLICAS_PER_INSTANCE}={uniform!r} must be 1 (every instance holds "
+                f"the same replicas) or 0 (a non-uniform split); relaunch with poprun"
             )
-        if total % local:
-            raise PopdistError(
-                f"{NUM_TOTAL_REPLICAS}={total} is not a multiple of {NUM_LOCAL_REPLICAS}="
-                f"{local}; every instance must own the same number of replicas"
-            )
-        if offset % local or offset >= total:
-            raise PopdistError(
-                f"{REPLICA_INDEX_OFFSET}={offset} must be a multiple of {NUM_LOCAL_REPLICAS}="
-                f"{local} below {NUM_TOTAL_REPLICAS}={total}"
-            )
+        if uniform == "1":
+            if total % local:
+                raise PopdistError(
+                    f"{NUM_TOTAL_REPLICAS}={total} is not a multiple of {NUM_LOCAL_REPLICAS}="
+                    f"{local}; with {UNIFORM_REPLICAS_PER_INSTANCE}=1 every instance must own "
+                    f"the same number of replicas"
+                )
+            if offset % local or offset >= total:
+                raise PopdistError(
+                    f"{REPLICA_INDEX_OFFSET}={offset} must be a multiple of "
+                    f"{NUM_LOCAL_REPLICAS}={local} below {NUM_TOTAL_REPLICAS}={total}"
+                )
         return {
             "num_total_replicas": total,
             "num_ipus_per_replica": ipr,
             "num_local_replicas": local,
             "replica_index_offset": offset,
+            "uniform": uniform == "1",
         }
 
     @staticmethod
     def _instances(environ: Mapping[str, str], replicas: dict[str, Any]) -> dict[str, Any]:
-        """The instance numbers: derived from the replicas, the added variables must agree."""
+        """The instance numbers: derived from the replicas, the added variables must agree.
+
+        A non-uniform split cannot be derived: its instance count and index are read, and the
+        replicas must be this instance's share under :func:`split_replicas`.
+        """
         local = replicas["num_local_replicas"]
-        num_instances = replicas["num_total_replicas"] // local
-        instance_index = replicas["replica_index_offset"] // local
+        if replicas["uniform"]:
+            num_instances = replicas["num_total_replicas"] // local
+            instance_index = replicas["replica_index_offset"] // local
+        else:
+            num_instances, instance_index = PoprunEnvironment._non_uniform(environ, replicas)
         for name, derived, minimum in (
             (NUM_INSTANCES, num_instances, 1),
             (INSTANCE_INDEX, instance_index, 0),
@@ -430,6 +509,36 @@ class PoprunEnvironment(RunEnvironment):
             "instance_index": instance_index,
             "num_local_instances": num_local_instances,
         }
+
+    @staticmethod
+    def _non_uniform(environ: Mapping[str, str], replicas: dict[str, Any]) -> tuple[int, int]:
+        """``(instances, index)`` of a non-uniform split, checked against its rule."""
+        for name in (NUM_INSTANCES, INSTANCE_INDEX):
+            if name not in environ:
+                raise PopdistError(
+                    f"{name} is not set but {UNIFORM_REPLICAS_PER_INSTANCE}=0 is: a non-uniform "
+                    f"split needs the instance count and index; relaunch with poprun"
+                )
+        num_instances = _int(environ, NUM_INSTANCES, minimum=1)
+        index = _int(environ, INSTANCE_INDEX, minimum=0)
+        total = replicas["num_total_replicas"]
+        if index >= num_instances or total < num_instances:
+            raise PopdistError(
+                f"{INSTANCE_INDEX}={index} of {NUM_INSTANCES}={num_instances} with "
+                f"{NUM_TOTAL_REPLICAS}={total}: expected an index below the count, and at "
+                f"least one replica per instance; relaunch with poprun"
+            )
+        counts = split_replicas(total, num_instances)
+        want = (counts[index], sum(counts[:index]))
+        got = (replicas["num_local_replicas"], replicas["replica_index_offset"])
+        if got != want:
+            raise PopdistError(
+                f"{NUM_LOCAL_REPLICAS}={got[0]}, {REPLICA_INDEX_OFFSET}={got[1]} on instance "
+                f"{index}: {total} replicas over {num_instances} instances split as "
+                f"{list(counts)} (the first {total % num_instances} hold one more), which "
+                f"gives {want[0]} from {want[1]}; relaunch with poprun"
+            )
+        return num_instances, index
 
 
 class MpirunEnvironment(RunEnvironment):
@@ -503,7 +612,7 @@ def detect(environ: Mapping[str, str] | None = None) -> type[RunEnvironment]:
 
 
 def read_backend(environ: Mapping[str, str] | None = None, requested: str | None = None) -> str:
-    """The collective backend: ``requested`` if given, else ``POPDIST_BACKEND``, else Horovod.
+    """The collective backend: ``requested`` if given, else ``POPDIST_BACKEND``, else ``auto``.
 
     Raises :class:`PopdistError` for a name that is not one of :data:`BACKENDS`.
     """
@@ -575,14 +684,20 @@ def read_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
     return environ.get(POPTORCH_CACHE_DIR) or read_run(environ).executable_cache_path
 
 
-def read_compute_threads(environ: Mapping[str, str] | None = None) -> int | None:
+def read_compute_threads(
+    environ: Mapping[str, str] | None = None, *, deterministic: bool = False
+) -> int | None:
     """Intra-op threads for one of several instances on a host: cores / local instances.
 
     ``None`` when the user chose (``OMP_NUM_THREADS``) or the instance is alone on its host.
+    ``deterministic`` (the deterministic reduction): 1 unless the user chose, since a count
+    that follows the split could change a CPU reduction's bits.
     """
     environ = os.environ if environ is None else environ
     if environ.get(OMP_NUM_THREADS):
         return None
+    if deterministic:
+        return 1
     local = read_run(environ).num_local_instances
     if local <= 1:
         return None
@@ -622,3 +737,27 @@ def read_torch_timeout(environ: Mapping[str, str] | None = None) -> float:
             f"default ({DEFAULT_TORCH_TIMEOUT_S:g})"
         )
     return value
+
+
+def read_deterministic_reduction(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``poprun --deterministic-reduction`` asked for the split-independent sum."""
+    environ = os.environ if environ is None else environ
+    return _flag(environ, DETERMINISTIC_REDUCTION)
+
+
+def generation(environ: Mapping[str, str] | None = None) -> int:
+    """The job's membership generation, ``POPDIST_GENERATION`` (0 when unset).
+
+    poprun raises it each time it relaunches the job on other hosts; a checkpoint records it,
+    and a write from an older generation than its directory holds is refused.
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get(GENERATION, "")
+    if not raw.strip():
+        return 0
+    return _int(environ, GENERATION, minimum=0)
+
+
+def read_host(environ: Mapping[str, str] | None = None) -> str:
+    """This instance's host: poprun's name for it (``POPDIST_HOST``), else this machine's."""
+    return reported_as(os.environ if environ is None else environ)[1]

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from popdist.env import GENERATION, LEASE, PROGRESS, generation, reported_as
+from popdist.env import GENERATION, LEASE, PROGRESS, PopdistError, generation, reported_as
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:
@@ -52,7 +52,11 @@ def start_if_asked(environ: Mapping[str, str] | None = None) -> bool:
     if not address or not port.isdigit():
         return False
     index, _ = reported_as(environ)
-    hello = f"{secret} {generation(environ)} {index or 0}\n".encode()
+    try:
+        gen = generation(environ)
+    except PopdistError:
+        gen = 0
+    hello = f"{secret} {gen} {index or 0}\n".encode()
     _holder = threading.Thread(
         target=_hold, args=((address, int(port)), hello), name="popdist-lease", daemon=True
     )

@@ -101,6 +101,16 @@ class Tracker:
 tracker: Tracker | None = None
 _reporter: Reporter | None = None
 _skip: tuple[str, ...] = ()  # file prefixes of the libraries between the program and a collective
+#: id of a code object -> (the code object, whether it is a library's): one prefix test per
+#: function, not per call. Keyed by id: hashing a code object hashes its constants and names
+#: on every call; the entry holds the code object, so its id cannot be reused meanwhile.
+_in_library: dict[int, tuple[Any, bool]] = {}
+#: (id of a code object, offset of its instruction) -> the site: a frame's line number is
+#: found by walking its function's line table, thousands of instructions in a long function
+#: (a training script's main loop), on every collective. Valid while ``_in_library`` holds
+#: the code object: both are cleared together.
+_sites: dict[tuple[int, int], tuple[str, int, str]] = {}
+_IN_LIBRARY_MAX = 4096  # forgotten beyond this (a program that compiles code on the fly)
 
 
 def _site() -> tuple[str, int, str]:
@@ -108,14 +118,30 @@ def _site() -> tuple[str, int, str]:
     global _skip
     if not _skip:
         _skip = _library_prefixes()
-    frame: FrameType | None = sys._getframe(2)
+    known = _in_library
+    try:  # past _site, _issue and the wrapper (popdist's own: no need to look at them)
+        frame: FrameType | None = sys._getframe(3)
+    except ValueError:  # the wrapper called with nothing above it
+        frame = sys._getframe(2)
     first: FrameType | None = frame
     for _ in range(64):
         if frame is None:
             break
         code = frame.f_code
-        if not code.co_filename.startswith(_skip):
-            return (code.co_filename, frame.f_lineno, code.co_name)
+        entry = known.get(id(code))
+        if entry is None:
+            if len(known) >= _IN_LIBRARY_MAX:
+                known.clear()
+                _sites.clear()
+            entry = known[id(code)] = (code, code.co_filename.startswith(_skip))
+        if not entry[1]:
+            where = (id(code), frame.f_lasti)
+            site = _sites.get(where)
+            if site is None:
+                if len(_sites) >= _IN_LIBRARY_MAX:
+                    _sites.clear()
+                site = _sites[where] = (code.co_filename, frame.f_lineno, code.co_name)
+            return site
         frame = frame.f_back
     if first is None:
         return ("?", 0, "?")
@@ -140,9 +166,12 @@ def _issue(t: Tracker, kind: str, name: str | None, tensor: Any) -> Call:
     dtype: Any = ""
     nbytes = 0
     if tensor is not None and hasattr(tensor, "element_size"):
-        shape = tuple(tensor.shape)
+        shape = tensor.shape  # torch.Size: already an immutable tuple
         dtype = tensor.dtype
-        nbytes = tensor.numel() * tensor.element_size()
+        try:
+            nbytes = tensor.nbytes  # one call (torch, numpy) instead of two
+        except AttributeError:
+            nbytes = tensor.numel() * tensor.element_size()
     elif kind == "broadcast_tensors" and isinstance(tensor, (list, tuple)) and tensor:
         name, shape, dtype, nbytes = _members(tensor, name)
     call = (t.seq, kind, name or "", nbytes, shape, dtype, _site(), time.monotonic())

@@ -40,6 +40,7 @@ __all__ = [
     "global_batch_size",
     "poptorch_shard",
     "process_indices",
+    "split_shard",
     "topology_invariant_indices",
     "worker_shard",
 ]
@@ -152,6 +153,47 @@ def poptorch_shard(
     return Shard(offset=pid * base + min(pid, extra), length=base + (pid < extra), leftovers=0)
 
 
+def _counts(replica_counts: Sequence[int], process_id: int) -> tuple[list[int], int]:
+    counts = [_positive("replica_counts[]", c) for c in replica_counts]
+    if not counts:
+        raise ShardingError("replica_counts=[]: expected one count per process")
+    return counts, _index("process_id", process_id, "len(replica_counts)", len(counts))
+
+
+def split_shard(
+    num_samples: int,
+    combined_batch_size: int,
+    replica_counts: Sequence[int],
+    process_id: int,
+    drop_last: bool = True,
+) -> Shard:
+    """This process's block when processes hold different numbers of replicas.
+
+    PopTorch's arithmetic per global replica: each replica gets the block
+    :func:`poptorch_shard` would give a process of one replica, and a process's block is its
+    replicas' blocks, which are contiguous. ``combined_batch_size`` is this process's;
+    with ``drop_last`` every process reads the same number of combined batches, and
+    ``leftovers`` is every sample no replica reads.
+    """
+    counts, pid = _counts(replica_counts, process_id)
+    step = _positive("combined_batch_size", combined_batch_size)
+    if step % counts[pid]:
+        raise ShardingError(
+            f"combined_batch_size={step} is not a multiple of this process's "
+            f"{counts[pid]} replicas (replica_counts={list(counts)})"
+        )
+    per_replica = step // counts[pid]
+    first, total = sum(counts[:pid]), sum(counts)
+    replica = poptorch_shard(num_samples, per_replica, total, 0, drop_last)
+    if drop_last:
+        length = replica.length
+        return Shard(first * length, counts[pid] * length, num_samples - total * length)
+    base, extra = divmod(num_samples, total)
+    offset = first * base + min(first, extra)
+    stop = (first + counts[pid]) * base + min(first + counts[pid], extra)
+    return Shard(offset=offset, length=stop - offset, leftovers=0)
+
+
 @functools.lru_cache(maxsize=4)
 def _permutation(num_samples: int, seed: int, epoch: int) -> tuple[int, ...]:
     import random  # lazy: keeps ``import popdist`` cheap
@@ -216,6 +258,7 @@ def process_indices(
     seed: int | None = None,
     epoch: int = 0,
     rotate_leftovers: bool | None = None,
+    replica_counts: Sequence[int] | None = None,
 ) -> list[int]:
     """The dataset indices this process reads in ``epoch``, in order (PopTorch's order).
 
@@ -223,8 +266,17 @@ def process_indices(
     when the leftovers rotate (by default: when shuffling over more than one process, as
     PopTorch does: its ``swap_range`` runs before every epoch, the first included), and read through :func:`epoch_permutation` when ``shuffle``. With
     ``drop_last`` the length is a whole number of combined batches.
+
+    ``replica_counts`` (every process's local replicas, in process order) describes a
+    non-uniform split: the blocks are then cut per replica (:func:`split_shard`), so each
+    process's block is its replicas' share and every process reads as many combined batches.
     """
-    shard = poptorch_shard(num_samples, combined_batch_size, num_processes, process_id, drop_last)
+    if replica_counts is not None and len(set(replica_counts)) > 1:
+        shard = split_shard(num_samples, combined_batch_size, replica_counts, process_id, drop_last)
+    else:
+        shard = poptorch_shard(
+            num_samples, combined_batch_size, num_processes, process_id, drop_last
+        )
     _check_shuffle_seed(shuffle, seed, num_processes)
     e = _non_negative("epoch", epoch)
     offset = shard.offset
@@ -250,19 +302,21 @@ def topology_invariant_indices(
     epoch: int = 0,
     drop_last: bool = True,
     rotate_leftovers: bool | None = None,
+    replica_counts: Sequence[int] | None = None,
 ) -> list[int]:
     """This process's samples in an order that does not depend on the replica split.
 
     With ``G = micro × DI × GA × local_replicas × num_processes``, global step ``s`` uses
     positions ``[s*G, (s+1)*G)`` of the (permuted) order, laid out as
-    ``[device_iteration, accumulation, global_replica, micro_batch]``; this process owns the
-    global replicas ``[process_id*local_replicas, (process_id+1)*local_replicas)``. The
-    result is this process's combined batches concatenated, each in the executor's layout
-    ``[device_iteration, accumulation, local_replica, micro_batch]``.
+    ``[device_iteration, accumulation, global_replica, micro_batch]``; this process owns
+    ``local_replicas`` global replicas from ``process_id*local_replicas``, or, given
+    ``replica_counts`` (every process's count: a non-uniform split), from the sum of the
+    counts before it. The result is this process's combined batches concatenated, each in
+    the executor's layout ``[device_iteration, accumulation, local_replica, micro_batch]``.
 
     Only whole global steps are read: with ``drop_last=False`` the dataset must hold a whole
     number of them. The ``N % G`` left-over positions are used on even epochs (by default when
-    shuffling, whatever the number of processes; ``rotate_leftovers`` decides explicitly).
+    shuffling; ``rotate_leftovers`` decides explicitly).
     """
     n = _non_negative("num_samples", num_samples)
     micro = _positive("micro_batch_size", micro_batch_size)
@@ -273,15 +327,10 @@ def topology_invariant_indices(
     pid = _index("process_id", process_id, "num_processes", procs)
     _check_shuffle_seed(shuffle, seed, procs)
     e = _non_negative("epoch", epoch)
-    replicas = local * procs
+    replicas, first = _replicas_of(replica_counts, local, procs, pid)
     g = micro * di * ga * replicas
-    steps, leftovers = _global_steps(
-        n,
-        g,
-        drop_last,
-        f"micro_batch_size={micro} × "
-        f"device_iterations={di} × gradient_accumulation={ga} × {replicas} replicas",
-    )
+    product = f"micro_batch_size={micro} × device_iterations={di} × gradient_accumulation={ga}"
+    steps, leftovers = _global_steps(n, g, drop_last, f"{product} × {replicas} replicas")
     # The default shift depends on ``shuffle`` only, never on the split, to stay invariant.
     rotate = shuffle if rotate_leftovers is None else rotate_leftovers
     base = leftovers if rotate and e % 2 == 0 else 0
@@ -290,11 +339,26 @@ def topology_invariant_indices(
     row = replicas * micro  # one (di, ga) slot over all replicas
     out: list[int] = []
     for step in range(steps):
-        start = base + step * g + pid * width
+        start = base + step * g + first * micro
         for slot in range(di * ga):
-            first = start + slot * row
-            out.extend(order[first : first + width])
+            at = start + slot * row
+            out.extend(order[at : at + width])
     return out
+
+
+def _replicas_of(
+    replica_counts: Sequence[int] | None, local: int, procs: int, pid: int
+) -> tuple[int, int]:
+    """(all replicas, this process's first global replica), uniform or as counted."""
+    if replica_counts is None:
+        return local * procs, pid * local
+    counts, _ = _counts(replica_counts, pid)
+    if len(counts) != procs or counts[pid] != local:
+        raise ShardingError(
+            f"replica_counts={list(counts)} does not describe {procs} processes with "
+            f"local_replicas={local} on process {pid}"
+        )
+    return sum(counts), sum(counts[:pid])
 
 
 def _global_steps(n: int, g: int, drop_last: bool, product: str) -> tuple[int, int]:

@@ -3,7 +3,8 @@
 IPU programs were written for Lightning 1.9 (the last release with an IPU strategy); on
 Lightning 2 some of their arguments raise a bare ``TypeError`` and some of their hooks are
 never called, so a program would run and silently skip them. Here each one is a single
-:class:`~popdist_lightning.errors.IPUStrategyError` line naming the replacement:
+:class:`~popdist_lightning.errors.IPUStrategyError` line naming the replacement (but the
+``*_epoch_end(outputs)`` hooks, which are called: :mod:`popdist_lightning.epoch_outputs`):
 ``Trainer`` arguments through :class:`popdist_lightning.Trainer` (Lightning's Trainer is
 not patched), LightningModule and Callback hooks when ``IPUStrategy`` connects a module.
 """
@@ -16,8 +17,6 @@ from typing import Any
 from popdist_lightning.errors import IPUStrategyError
 
 __all__ = ["REMOVED_HOOKS", "REMOVED_TRAINER_ARGUMENTS", "check_hooks", "check_trainer_arguments"]
-
-_EPOCH_OUTPUTS = "collect the step outputs you need in a list attribute and clear it there"
 
 #: ``Trainer(...)`` arguments of Lightning 1.x: what to write on Lightning 2
 #: (``{value}`` is the value given).
@@ -57,10 +56,9 @@ REMOVED_TRAINER_ARGUMENTS: Mapping[str, str] = {
 }
 
 #: LightningModule and Callback hooks of Lightning 1.x that Lightning 2 no longer calls.
+#: (``training_epoch_end``, ``validation_epoch_end`` and ``test_epoch_end`` are called,
+#: with the step outputs: :mod:`popdist_lightning.epoch_outputs`.)
 REMOVED_HOOKS: Mapping[str, str] = {
-    "training_epoch_end": f"on_train_epoch_end(self) ({_EPOCH_OUTPUTS})",
-    "validation_epoch_end": f"on_validation_epoch_end(self) ({_EPOCH_OUTPUTS})",
-    "test_epoch_end": f"on_test_epoch_end(self) ({_EPOCH_OUTPUTS})",
     "training_step_end": "training_step (do the work there; IPUStrategy averages its loss)",
     "validation_step_end": "validation_step (do the work there)",
     "test_step_end": "test_step (do the work there)",

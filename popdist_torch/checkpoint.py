@@ -1,7 +1,10 @@
 """Atomic, weights-only checkpoints of a distributed run.
 
-:func:`save_checkpoint` writes on instance 0 only; the other instances wait until the file
-is complete (and learn whether the save worked). The file is written next to its final
+:func:`save_checkpoint` writes one copy per host (its first local instance writes it, once
+per shared file system, fenced by the job's membership generation:
+:mod:`popdist_torch.host_copies`); the other instances wait until the copies are complete
+(and learn whether the save worked). :func:`resume_checkpoint` takes the newest complete
+copy any host holds. The file is written next to its final
 name, flushed, fsync'ed and renamed over it, then the directory is fsync'ed: a crash or
 SIGKILL at any moment leaves either the previous checkpoint or the new one, never a torn
 file. New files honour the umask and are never world-writable.
@@ -28,12 +31,15 @@ import io
 import os
 import random
 import secrets
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePath
 from typing import Any, Protocol
 
 import torch
 
+from popdist.collectives.base import Collectives
+from popdist_torch import host_copies
 from popdist_torch.errors import CheckpointError
 
 __all__ = [
@@ -150,7 +156,10 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 & ~_NEVER)
         try:
             with os.fdopen(fd, "wb") as stream:
-                torch.save(obj, stream)
+                if isinstance(obj, _Raw):
+                    stream.write(obj.data)
+                else:
+                    torch.save(obj, stream)
                 stream.flush()
                 os.fsync(stream.fileno())
             os.replace(temporary, target)
@@ -296,11 +305,47 @@ def _unpack(target: Path, packed: dict[str, Any]) -> Any:
 # -- distribution ----------------------------------------------------------------------------
 
 
-def _on_instance_zero(fn: Callable[[], None]) -> None:
-    """Run ``fn`` on instance 0 while the others wait; a failure is raised on every instance."""
+def _collectives() -> Collectives:
+    """The run's collectives (one instance: the local backend, nothing started)."""
+    from popdist.collectives import for_run
+
+    return for_run()
+
+
+def _on_writers(target: Path, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on the instances that write ``target`` (one per host); the others wait."""
     import popdist
 
-    popdist.execute_on_instances({0}, fn)
+    popdist.execute_on_instances(host_copies.writers(target, _collectives()), fn)
+
+
+def _instance_zero_rng() -> dict[str, Any]:
+    """Instance 0's generators, on every instance (every host's copy holds the same)."""
+    collectives = _collectives()
+    if collectives.size() == 1:
+        return rng_state()
+    state: dict[str, Any] = collectives.broadcast_object(rng_state(), root=0)
+    return state
+
+
+def _write_fenced(target: Path, obj: Any, mine: int) -> None:
+    """``obj`` to ``target`` atomically, unless a newer generation has written there."""
+    host_copies.check_generation(target, mine)
+    if target.parent.is_dir():
+        host_copies.record_generation(target, mine)
+    atomic_save(obj, target)
+
+
+def _store_bytes(target: Path, data: bytes) -> None:
+    """A copy received from another host, stored as this host's (same fence, same atomicity)."""
+    _write_fenced(target, _Raw(data), host_copies.current_generation())
+
+
+class _Raw:
+    """Bytes that :func:`atomic_save` writes as they are (a copy of a checkpoint file)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
 
 # -- public API ------------------------------------------------------------------------------
@@ -335,30 +380,40 @@ def save_checkpoint(
 ) -> None:
     """Save model, optimizer, step, RNG and data-order state to ``path``, atomically.
 
-    Call it on every instance: instance 0 writes the file, the others wait for it. ``model``
-    is an ``nn.Module`` or anything with ``state_dict()`` (such as a training model);
-    ``extra`` holds plain data, NumPy values, paths, namespaces, sets or dates (it is read
-    back weights-only); anything else raises ``TypeError`` here, before anything is written.
+    Call it on every instance: the first local instance of each host writes its host's copy
+    (once per shared file system), the others wait for them. ``{host}`` in ``path`` becomes
+    the instance's host. ``model`` is an ``nn.Module`` or anything with ``state_dict()``
+    (such as a training model); ``extra`` holds plain data, NumPy values, paths, namespaces,
+    sets or dates (it is read back weights-only); anything else raises ``TypeError`` here,
+    before anything is written. A save from an older membership generation than the
+    directory records raises :class:`CheckpointError` and writes nothing.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"save_checkpoint step={step!r} is invalid: use a non-negative integer")
     stored_extra = _encode(dict(extra), "extra") if extra is not None else {}
     _check_extra(stored_extra)  # on every instance: all of them raise the same error
+    target, mine = host_copies.resolve(path), host_copies.current_generation()
+    rng = _instance_zero_rng()
 
     def write() -> None:
         state: dict[str, Any] = {
             "format": FORMAT,
             "step": step,
+            "generation": mine,
             "model": _state_of(model, "model"),
             "optimizer": _state_of(optimizer, "optimizer") if optimizer is not None else None,
             "dataloader": _state_of(dataloader, "dataloader") if dataloader is not None else None,
-            "rng": rng_state(),
+            "rng": rng,
             "extra": stored_extra,
             "topology": _topology(),
         }
-        atomic_save(_pack(state), path)
+        _write_fenced(target, _pack(state), mine)
 
-    _on_instance_zero(write)
+    if optimizer is not None:  # a sharded optimizer state, whole on every instance too
+        from popdist_torch.optim.sharded import gather_state
+
+        gather_state(optimizer)
+    _on_writers(target, write)
 
 
 def load_checkpoint(
@@ -377,8 +432,19 @@ def load_checkpoint(
     mismatch) or a DataLoader state that cannot resume exactly on this topology raises
     :class:`CheckpointError`.
     """
-    target = Path(path)
-    state = read_checkpoint(target)
+    target = host_copies.resolve(path)
+    return _apply(target, read_checkpoint(target), model, optimizer, dataloader, restore_rng)
+
+
+def _apply(
+    target: Path,
+    state: dict[str, Any],
+    model: _Stateful,
+    optimizer: _Stateful | None,
+    dataloader: _Stateful | None,
+    restore_rng: bool,
+) -> dict[str, Any]:
+    """Load ``state`` (read from ``target``) into the given objects; returns it."""
     if dataloader is not None:  # first: a refusal leaves every object untouched
         if state["dataloader"] is None:
             raise CheckpointError(f"checkpoint {target} holds no DataLoader state")
@@ -408,11 +474,30 @@ def resume_checkpoint(
     Call it on every instance at start-up, then save with :func:`save_checkpoint` as you go:
     the same script then starts fresh the first time and resumes exactly after a restart
     (``poprun --max-restarts N`` relaunches the job after an instance failure; saves are
-    atomic, so the file is always the last complete one).
+    atomic, so the file is always the last complete one). The instances agree on the newest
+    complete copy any host holds (the highest membership generation, then the highest
+    step); hosts that lack it receive it from a host that has it, and store it.
     """
-    if not Path(path).exists():
+    target = host_copies.resolve(path)
+    parsed: dict[bytes, dict[str, Any]] = {}
+
+    def read(where: Path) -> tuple[tuple[int, int], bytes] | None:
+        if not where.is_file():
+            return None
+        data = where.read_bytes()
+        try:
+            state = _parse(where, io.BytesIO(data))
+        except CheckpointError as error:  # another host may hold a good copy
+            warnings.warn(f"{error}; looking for another host's copy", stacklevel=3)
+            return None
+        parsed[data] = state
+        return (int(state.get("generation", 0)), int(state["step"])), data
+
+    data = host_copies.newest(target, _collectives(), read, _store_bytes)
+    if data is None:
         return 0
-    state = load_checkpoint(path, model=model, optimizer=optimizer, dataloader=dataloader)
+    state = parsed.get(data) or _parse(target, io.BytesIO(data))
+    _apply(target, state, model, optimizer, dataloader, restore_rng=True)
     return int(state["step"])
 
 
@@ -449,15 +534,20 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     For inspection (``step``, ``extra``, ``topology``, the raw states); read weights-only,
     the payload's SHA-256 verified.
     """
-    target = Path(path)
+    target = host_copies.resolve(path)
     if target.is_dir():
         raise CheckpointError(
             f"checkpoint {target} is a directory: give the checkpoint file's path"
         )
     if not target.is_file():
         raise FileNotFoundError(f"checkpoint {target} does not exist")
+    return _parse(target, target)
+
+
+def _parse(target: Path, source: Path | io.BytesIO) -> dict[str, Any]:
+    """The checkpoint in ``source`` (the file ``target``, or its bytes), checked and decoded."""
     try:
-        state = torch.load(target, map_location="cpu", weights_only=True)
+        state = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(
             f"cannot read checkpoint {target} with weights_only=True: {exc}"
@@ -470,4 +560,5 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             "load other files with torch.load"
         )
     state["extra"] = _decode(state.get("extra", {}))
+    state.setdefault("generation", 0)  # saved before checkpoints carried it
     return state

@@ -128,7 +128,7 @@ def _launch(
     from poprun.plan.hosts import is_local
     from poprun.run.supervisor import supervise
 
-    status = _status_server(config)
+    status = _status_server(config, topology)
     remote = [host for host in topology.hosts if not is_local(host)]
     shared = None
     try:
@@ -145,15 +145,29 @@ def _launch(
             status.close()
 
 
-def _status_server(config: RunConfig) -> StatusServer | None:
+def _status_server(config: RunConfig, topology: Topology) -> StatusServer | None:
     """``--status-port``: the endpoint, listening and serving; its address on stderr."""
     if config.status_port is None:
         return None
+    from poprun.plan.mpirun import quote
     from poprun.run.status.server import StatusServer
 
-    server = StatusServer(config.status_address or "127.0.0.1", config.status_port).start()
+    server = StatusServer(config.status_address or "127.0.0.1", config.status_port)
+    per = config.num_replicas // config.num_instances
+    server.live.job = {
+        "command": quote(config.program),
+        "topology": (
+            f"{config.num_instances} instances x {per} replicas ({config.num_replicas} in all, "
+            f"{config.ipus_per_replica} device(s) each) on {', '.join(topology.hosts)}"
+        ),
+        "timeout_s": config.timeout,
+        "hang_timeout_s": config.hang_timeout,
+        "on_hang": config.on_hang,
+    }
+    server.start()
     sys.stderr.write(
         f"poprun: status on {server.url}/metrics (Prometheus) and {server.url}/status\n"
+        f"poprun: the job's live page: {server.url}/\n"
     )
     sys.stderr.flush()
     return server
@@ -206,7 +220,7 @@ def _fast_values(options: list[str]) -> dict[str, Any] | None:
     values: dict[str, Any] = {}
     for option in options:
         name, _, value = option.partition("=")
-        if name in ("--help", "--version"):
+        if name in ("--help", "--version", "--check-build"):
             return None
         if name in ("-v", "--verbose"):
             values["verbose"] = values.get("verbose", 0) + 1

@@ -3,8 +3,9 @@
 #   Open MPI (Debian packages), .venv (Python 3.11) with torch 2.13.0 (CPU) and the
 #   project in editable mode with its extras (examples, dev, lightning), and Horovod
 #   0.28.1 built from its sdist with the C++17 patch into a wheel cached outside the
-#   repository; as root, openssh-server and iproute2 for the multi-host test tier and
-#   Slurm (slurm-wlm: slurmctld, slurmd and the clients) for the Slurm test tier.
+#   repository; as root, openssh-server and iproute2 for the multi-host test tier,
+#   Slurm (slurm-wlm: slurmctld, slurmd and the clients) for the Slurm test tier, and
+#   chromium with chromium-driver for the status page's browser test.
 # A second run only checks: it takes seconds and rebuilds nothing.
 set -euo pipefail
 
@@ -83,6 +84,22 @@ ensure_slurm() {
     fi
     log "installing slurm-wlm for the Slurm test tier"
     apt_install slurm-wlm
+}
+
+# --- 1d. Chromium, for the status page's browser test (tests/launch/test_status_page.py) ----
+# Headless, driven by selenium (dev extras). Without root nothing is installed and the test
+# says why it skips.
+ensure_browser() {
+    local missing=()
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+    [ "${#missing[@]}" = 0 ] && return
+    if [ "$(id -u)" != 0 ]; then
+        log "not root: the status page's browser test will be skipped (it needs ${missing[*]})"
+        return
+    fi
+    log "installing ${missing[*]} for the status page's browser test"
+    apt_install "${missing[@]}"
 }
 
 # --- 2. Python environment ---------------------------------------------------------
@@ -198,6 +215,7 @@ VERSIONS=""
 ensure_mpi
 ensure_multihost_tools
 ensure_slurm
+ensure_browser
 ensure_venv
 ensure_horovod
 log "ready: $VERSIONS, $(mpirun --version | head -1)"

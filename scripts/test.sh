@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite, then the linters. pytest's "no tests ran" (exit 5) is a failure.
+# tests/support/tier_times.py prints how long each tier (tests/<tier>/) took, and the linters
+# their own time below.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
@@ -7,12 +9,14 @@ PY=.venv/bin/python
 PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.multihost.hosts check || true
 # The Slurm tier (tests/slurm) needs root and slurm-wlm: say up front whether it runs.
 PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.support.slurm_cluster check || true
-"$PY" -m pytest tests -q -p no:cacheprovider "$@"
+"$PY" -m pytest tests -q -p no:cacheprovider -p tests.support.tier_times "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
     echo "error: pytest collected no tests" >&2
     exit 1
 fi
 [ "$rc" = 0 ] || exit "$rc"
+start=$SECONDS
 .venv/bin/ruff check poprun popdist popdist_torch popdist_lightning tests examples benchmarks || exit 1
 .venv/bin/mypy || exit 1
+echo "linters (ruff, mypy): $((SECONDS - start)) s"

@@ -28,7 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
     become_subreaper()
 
 
-TIERS = ("unit", "launch", "parallel", "lightning", "multihost", "slurm")
+TIERS = ("unit", "launch", "parallel", "lightning", "multihost", "slurm", "packaging")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -38,6 +38,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -51,13 +52,13 @@ __all__ = [
     "LONG_WAIT_BYTES",
     "MAX_NAP_S",
     "NAP_FRACTION",
-    "SETUP_HINT",
     "TIMER_SLACK_NS",
     "HorovodCollectives",
+    "build_info",
+    "install_hint",
     "nap_until",
+    "unavailable",
 ]
-
-SETUP_HINT = "run `make setup` (which `make test` and `make demo` run first) to build it into .venv"
 
 #: Horovod's negotiation cycle in milliseconds, unless ``HOROVOD_CYCLE_TIME`` is set.
 CYCLE_TIME_MS = "0.1"
@@ -88,16 +89,64 @@ def nap_until(
         sleep(min(MAX_NAP_S, max(MIN_NAP_S, (clock() - start) * NAP_FRACTION)))
 
 
+def install_hint(root: Path | None = None) -> str:
+    """How to get Horovod, for the way this project was installed.
+
+    A checkout (``root``, the folder that holds the ``popdist`` package, has
+    ``scripts/setup.sh``, as an editable install from the repository does) builds it with its
+    set-up script; a pip install has no such script, so pip builds Horovod from its sources.
+    Both may use the torch backend instead.
+    """
+    setup = (root or Path(__file__).resolve().parents[2]) / "scripts" / "setup.sh"
+    instead = "or run with --backend torch (or auto), which needs nothing more"
+    if setup.is_file():
+        return f"build it into this environment with `bash {setup}`, {instead}"
+    return (
+        f"Horovod is not a dependency of popdist-open: build it into this environment with "
+        f"`HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 {sys.executable} -m pip install "
+        f"--no-build-isolation horovod` (it needs cmake, a C++17 compiler and Open MPI's "
+        f"headers), {instead}"
+    )
+
+
 def _import_horovod() -> ModuleType:
     try:
         import horovod.torch as hvd
     except ImportError as exc:
         raise CollectiveError(
-            f"popdist.init() needs Horovod (horovod.torch), which this interpreter "
-            f"({sys.executable}) cannot import ({exc}); {SETUP_HINT}"
+            f"the horovod backend needs Horovod (horovod.torch), which this interpreter "
+            f"({sys.executable}) cannot import ({exc}); {install_hint()}"
         ) from None
     module: ModuleType = hvd
     return module
+
+
+def build_info() -> dict[str, object]:
+    """Horovod's version and what it was built with: its controllers and tensor operations
+    (the lists ``horovodrun --check-build`` prints). Raises ImportError without Horovod."""
+    import horovod
+    import horovod.torch as hvd
+
+    return {
+        "version": horovod.__version__,
+        "controllers": {"MPI": bool(hvd.mpi_built()), "Gloo": bool(hvd.gloo_built())},
+        "operations": {
+            "NCCL": bool(hvd.nccl_built()),
+            "DDL": bool(hvd.ddl_built()),
+            "CCL": bool(hvd.ccl_built()),
+            "MPI": bool(hvd.mpi_built()),
+            "Gloo": bool(hvd.gloo_built()),
+        },
+    }
+
+
+def unavailable() -> str | None:
+    """Why this interpreter cannot run Horovod (``None``: ``horovod.torch`` imports)."""
+    try:
+        import horovod.torch  # noqa: F401
+    except Exception as exc:  # an ImportError, or a library built for another torch
+        return f"horovod.torch does not import ({type(exc).__name__}: {exc})"
+    return None
 
 
 @contextlib.contextmanager

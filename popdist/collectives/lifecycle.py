@@ -1,9 +1,11 @@
 """The collective backend's life cycle, owned in one place: started once, stopped once.
 
 ``popdist.init()`` (:func:`init`) brings up the backend that carries host-side collectives
-between instances: Horovod by default, over the same Open MPI job poprun launched, or
-``torch.distributed`` (gloo on CPU, NCCL on GPU) with ``init(backend="torch")`` or
-``poprun --backend torch`` (``POPDIST_BACKEND``). Under the torch backend Horovod is never
+between instances: Horovod over the same Open MPI job poprun launched, or
+``torch.distributed`` (gloo on CPU, NCCL on GPU), as ``init(backend=...)`` or
+``poprun --backend`` (``POPDIST_BACKEND``) say. The default, ``auto``, is Horovod where
+``horovod.torch`` imports on every instance and torch otherwise (:mod:`popdist.collectives.
+auto`, resolved once per process, collectively). Under the torch backend Horovod is never
 imported. This module decides *which* backend, *when* it starts and stops, and checks that
 the backend's world is the run popdist reads from the environment: a process started
 outside the job, or a job whose ranks do not match the instances, fails here with a clear
@@ -22,7 +24,7 @@ from __future__ import annotations
 import atexit
 
 from popdist.collectives.errors import world_mismatch
-from popdist.collectives.registry import LOCAL, Capabilities, spec
+from popdist.collectives.registry import AUTO, LOCAL, Capabilities, spec
 from popdist.env import PopdistError, read_backend, read_run
 from popdist.progress import instrument
 
@@ -46,6 +48,7 @@ class _Run:
 
     objects: dict[str, Collectives] = {}  # noqa: RUF012 - one process, one table
     started: Collectives | None = None
+    auto: str | None = None  # what ``auto`` resolved to, once
     spent = False  # a backend that cannot be restarted was shut down
     atexit_registered = False
 
@@ -60,23 +63,35 @@ def _object(name: str) -> Collectives:
     return backend
 
 
+def _resolve(name: str) -> str:
+    """``name``, or for ``auto`` the backend every instance can run (decided once, together:
+    every instance calls this at the same point of the program, as any collective)."""
+    if name != AUTO:
+        return name
+    if _Run.auto is None:
+        from popdist.collectives import auto
+
+        _Run.auto = auto.choose(read_run()).name
+    return _Run.auto
+
+
 def active() -> str:
     """The backend :func:`init` started, else the one it would start (``horovod``/``torch``)."""
-    return _Run.started.name if _Run.started is not None else read_backend()
+    return _Run.started.name if _Run.started is not None else _resolve(read_backend())
 
 
 def init(backend: str | None = None) -> None:
     """Start the collective backend once; later calls do nothing.
 
-    ``backend`` is ``"horovod"`` or ``"torch"``; by default ``POPDIST_BACKEND`` (which
-    ``poprun --backend`` sets), else Horovod. Raises :class:`PopdistError` if the backend
+    ``backend`` is ``"auto"``, ``"horovod"`` or ``"torch"``; by default ``POPDIST_BACKEND``
+    (which ``poprun --backend`` sets), else ``auto``. Raises :class:`PopdistError` if the backend
     is missing, if its size and rank disagree with :func:`popdist.getNumInstances` and
     :func:`popdist.getInstanceIndex`, or if another backend already runs in this process.
     The backend is finalised at interpreter exit (or by :func:`finalize`).
     """
-    name = read_backend(requested=backend)
+    requested = read_backend(requested=backend)
     if _Run.started is not None:
-        if name != _Run.started.name and backend is not None:
+        if backend is not None and _resolve(requested) != _Run.started.name:
             raise PopdistError(
                 f"popdist.init(backend={backend!r}): the {_Run.started.name} backend already "
                 f"runs in this process; one process uses one backend"
@@ -91,6 +106,7 @@ def init(backend: str | None = None) -> None:
             "only when the script is done with collectives"
         )
     run = read_run()  # a malformed environment fails before anything starts
+    name = _resolve(requested)
     started = _object(name)
     started.start()
     size, rank = started.size(), started.rank()

@@ -4,9 +4,10 @@ A :class:`BackendSpec` names the class that implements a backend as ``"module:Cl
 reading the registry (or a backend's capabilities) imports neither the backend's module
 nor its library: ``import popdist`` stays cheap and a one-instance run never imports
 Horovod. The names a user can choose (``popdist.init(backend=...)``, ``poprun --backend``)
-are the environment contract's :data:`popdist.env.BACKENDS`, whose first is the default;
-:data:`LOCAL` is the null backend the project's own collectives use over a world of one
-process (:mod:`popdist.collectives.local`).
+are the environment contract's :data:`popdist.env.BACKENDS`, whose first, ``auto``, is the
+default: :mod:`popdist.collectives.auto` picks the first of :data:`PREFERENCE` whose probe
+passes on every instance. :data:`LOCAL` is the null backend the project's own collectives use
+over a world of one process (:mod:`popdist.collectives.local`).
 
 Callers ask a backend for a capability (:class:`Capabilities`), never for its name.
 *Seam:* a new backend is one :class:`Collectives <popdist.collectives.base.Collectives>`
@@ -25,10 +26,14 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import c
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["LOCAL", "REGISTRY", "BackendSpec", "Capabilities", "spec"]
+__all__ = ["AUTO", "LOCAL", "PREFERENCE", "REGISTRY", "BackendSpec", "Capabilities", "spec"]
 
 #: The null backend's name: one process, every collective keeps its input.
 LOCAL = "local"
+#: The name that asks for the first backend of :data:`PREFERENCE` the job can use.
+AUTO = "auto"
+#: What ``auto`` tries, in order: Horovod when it imports, else torch.distributed.
+PREFERENCE: tuple[str, ...] = ("horovod", "torch")
 
 
 class Capabilities(Record):
@@ -80,15 +85,31 @@ class Capabilities(Record):
 
 class BackendSpec(Record):
     """One registered backend: its name, where its class lives (``"module:Class"``, imported
-    by :meth:`create` only), what it can do."""
+    by :meth:`create` only), what it can do, and its probe (``"module:function"``, called by
+    :meth:`unavailable` only)."""
 
-    __slots__ = ("name", "factory", "capabilities")  # noqa: RUF023 - field order
+    __slots__ = ("name", "factory", "capabilities", "probe")  # noqa: RUF023 - field order
     name: str
     factory: str
     capabilities: Capabilities
+    probe: str | None
 
-    def __init__(self, name: str, factory: str, capabilities: Capabilities) -> None:
-        self._init(name=name, factory=factory, capabilities=capabilities)
+    def __init__(
+        self, name: str, factory: str, capabilities: Capabilities, probe: str | None = None
+    ) -> None:
+        self._init(name=name, factory=factory, capabilities=capabilities, probe=probe)
+
+    def unavailable(self) -> str | None:
+        """Why this interpreter cannot run the backend (``None``: it can).
+
+        Imports the backend's module and, to be sure, its library: a library that is
+        installed but does not import (built for another torch) is unavailable too.
+        """
+        if self.probe is None:
+            return None
+        module, _, attribute = self.probe.partition(":")
+        reason: str | None = getattr(importlib.import_module(module), attribute)()
+        return reason
 
     def create(self) -> Any:
         """A new, unstarted :class:`~popdist.collectives.base.Collectives` of the backend.
@@ -109,12 +130,14 @@ REGISTRY: dict[str, BackendSpec] = {
             "popdist.collectives.horovod:HorovodCollectives",
             # This Horovod build has no GPU collectives.
             Capabilities(devices=frozenset({"cpu"}), restartable=False),
+            "popdist.collectives.horovod:unavailable",
         ),
         BackendSpec(
             "torch",
             "popdist.collectives.torchdist:TorchCollectives",
             # gloo on CPU; NCCL for CUDA tensors when every instance has a GPU.
             Capabilities(devices=frozenset({"cpu", "cuda"})),
+            "popdist.collectives.torchdist:unavailable",
         ),
         BackendSpec(
             LOCAL,

@@ -52,9 +52,11 @@ __all__ = [
     "BUCKET_BYTES",
     "FIRST_BUCKET_BYTES",
     "TorchCollectives",
+    "build_info",
     "device_index",
     "process_group_backend",
     "rendezvous_host",
+    "unavailable",
 ]
 
 #: Fusion buffer: DDP's default bucket size.
@@ -83,6 +85,36 @@ def rendezvous_host(run: RunView, hostname: str) -> str:
 def process_group_backend(every_instance_has_gpu: bool) -> str:
     """gloo alone on CPU; NCCL for CUDA tensors (gloo for CPU ones) when all have a GPU."""
     return "cpu:gloo,cuda:nccl" if every_instance_has_gpu else "gloo"
+
+
+def build_info() -> dict[str, Any]:
+    """torch's version, its torch.distributed backends and the GPUs it sees."""
+    import torch.distributed as dist
+
+    available = dist.is_available()
+    return {
+        "version": torch.__version__,
+        "distributed": available,
+        "gloo": available and dist.is_gloo_available(),
+        "mpi": available and dist.is_mpi_available(),
+        "nccl": available and dist.is_nccl_available(),
+        "cuda": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
+
+
+def unavailable() -> str | None:
+    """Why this interpreter cannot run the torch backend (``None``: it can)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return f"this torch ({torch.__version__}) was built without torch.distributed"
+    if read_run().num_instances > 1:
+        try:
+            import mpi4py.MPI  # noqa: F401 - instance 0's address travels over MPI
+        except ImportError as exc:
+            return f"mpi4py does not import ({exc})"
+    return None
 
 
 def device_index(run: RunView, device_count: int) -> int:

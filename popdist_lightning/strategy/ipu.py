@@ -43,7 +43,7 @@ import popdist
 import popdist_lightning.collectives as collectives
 import popdist_torch as poptorch
 from popdist_lightning.environment import PopdistEnvironment
-from popdist_lightning.legacy import check_hooks
+from popdist_lightning.epoch_outputs import connect_legacy_hooks
 from popdist_lightning.precision import IPUPrecision, as_ipu_precision
 from popdist_lightning.strategy.checks import (
     check_accelerator,
@@ -167,9 +167,8 @@ class IPUStrategy(ParallelStrategy):
 
     # -- set-up ------------------------------------------------------------------------
     def connect(self, model: Any) -> None:
-        """Refuse Lightning 1.x hooks Lightning 2 would skip (before Lightning's own checks)."""
-        trainer = getattr(model, "_trainer", None)
-        check_hooks(model, trainer.callbacks if trainer is not None else ())
+        """Refuse Lightning 1.x hooks Lightning 2 would skip; call 1.9's ``*_epoch_end(outputs)``."""
+        connect_legacy_hooks(model, getattr(model, "_trainer", None))
         super().connect(model)
 
     def setup_environment(self) -> None:

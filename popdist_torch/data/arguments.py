@@ -33,6 +33,7 @@ from popdist_torch.data.plan import (
 )
 from popdist_torch.enums import DataLoaderMode
 from popdist_torch.errors import DataLoaderError
+from popdist_torch.options.distributed import replica_counts
 
 __all__ = ["LoaderArguments", "make_plan"]
 
@@ -76,18 +77,22 @@ def _base_plan(options: LoaderOptions, args: LoaderArguments) -> LoaderPlan:
     device_iterations = int(options.device_iterations)
     local_replicas = int(options.replication_factor) // int(getattr(options, "input_group_size", 1))
     accumulation = int(options.Training.gradient_accumulation)
+    process_id = int(options.Distributed.processId)
+    num_processes = int(options.Distributed.numProcesses)
+    counts = replica_counts(num_processes, process_id, local_replicas)
     return LoaderPlan(
         mode=DataLoaderMode(args.mode),
         order=args.order,
         shuffle=bool(args.shuffle),
         auto=args.auto_distributed_partitioning,
         drop_last=args.drop_last,
-        process_id=int(options.Distributed.processId),
-        num_processes=int(options.Distributed.numProcesses),
+        process_id=process_id,
+        num_processes=num_processes,
         topology=(device_iterations, local_replicas, accumulation),
         batch_size=args.batch_size,
         source=UNBATCHED,
         private_generator=args.generator is None,
+        replica_counts=counts if len(set(counts)) > 1 else None,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections.abc import Sized
@@ -19,6 +20,8 @@ __all__ = [
     "check_order",
     "warn_uneven",
 ]
+
+log = logging.getLogger("popdist_torch.data")
 
 #: ``async_options`` keys: ``buffer_size`` is honoured; the others are PopTorch knobs of
 #: its shared-memory ring buffer that have no meaning for a thread-and-queue prefetcher.
@@ -54,7 +57,26 @@ def check_async(
     worker_size: int | None,
     combined: int | None,
 ) -> tuple[int, int | None]:
-    """The prefetch depth and the batch size torch should use, from the async arguments."""
+    """The prefetch depth and the batch size torch should use, from the async arguments.
+
+    As PopTorch, what the mode does not use is ignored, with a note at INFO level
+    (``poptorch.setLogLevel("INFO")``): ``async_options`` in ``Sync`` mode (nothing is
+    read ahead), ``rebatched_worker_size`` outside ``AsyncRebatched`` (nothing is rebatched).
+    """
+    if mode == DataLoaderMode.Sync and async_options:
+        log.info(
+            "DataLoader async_options=%r ignored: mode=DataLoaderMode.Sync reads nothing ahead",
+            async_options,
+        )
+        async_options = None
+    if worker_size is not None and mode != DataLoaderMode.AsyncRebatched:
+        log.info(
+            "DataLoader rebatched_worker_size=%r ignored: only "
+            "mode=DataLoaderMode.AsyncRebatched rebatches (mode is %s)",
+            worker_size,
+            DataLoaderMode(mode).name,
+        )
+        worker_size = None
     unknown = set(async_options or {}) - ASYNC_OPTION_KEYS
     if unknown:
         raise DataLoaderError(
@@ -73,11 +95,6 @@ def check_async(
                 "DataLoader rebatched_worker_size needs batch_size set and no batch_sampler"
             )
         return depth, combined
-    if mode != DataLoaderMode.AsyncRebatched:
-        raise DataLoaderError(
-            f"DataLoader rebatched_worker_size={worker_size} only applies to "
-            "mode=DataLoaderMode.AsyncRebatched"
-        )
     if (
         isinstance(worker_size, bool)
         or not isinstance(worker_size, int)

@@ -63,6 +63,7 @@ def shard_indices(plan: LoaderPlan, epoch: int, seed: int | None) -> list[int]:
             seed=seed,
             epoch=epoch,
             drop_last=plan.drop_last,
+            replica_counts=plan.replica_counts if plan.auto else None,
         )
     if processes > 1:
         return sharding.process_indices(
@@ -74,6 +75,7 @@ def shard_indices(plan: LoaderPlan, epoch: int, seed: int | None) -> list[int]:
             shuffle=plan.shuffle,
             seed=seed,
             epoch=epoch,
+            replica_counts=plan.replica_counts if plan.auto else None,
         )
     if plan.shuffle:
         assert seed is not None

@@ -67,7 +67,8 @@ class LoaderPlan:
     ``combined``: samples per combined batch (``None`` without a micro-batch size).
     ``worker_batch``: the batch size torch loads, ``group`` of which make one combined batch
     (``AsyncRebatched``). ``epoch_length``: this instance's samples per epoch, when it
-    chooses samples by index.
+    chooses samples by index. ``replica_counts``: a non-uniform split's local replicas per
+    process (the combined batch then differs between processes).
     """
 
     mode: DataLoaderMode
@@ -87,6 +88,8 @@ class LoaderPlan:
     private_generator: bool = True
     num_samples: int | None = None
     epoch_length: int | None = None
+    #: Every process's local replicas when the split is not uniform (``None``: uniform).
+    replica_counts: tuple[int, ...] | None = None
 
     @property
     def micro_batches(self) -> int:

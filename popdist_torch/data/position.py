@@ -21,9 +21,11 @@ __all__ = ["resume_batch", "topology_record"]
 def topology_record(plan: LoaderPlan) -> dict[str, Any]:
     """What decides which samples a combined batch holds: resuming needs the same."""
     di, local, ga = plan.topology
+    counts = plan.replica_counts if plan.auto else None
     return {
         "processes": plan.processes,
         "local_replicas": local,
+        "replicas": sum(counts) if counts else local * plan.processes,
         "device_iterations": di,
         "gradient_accumulation": ga,
         "batch_size": plan.batch_size,
@@ -33,6 +35,18 @@ def topology_record(plan: LoaderPlan) -> dict[str, Any]:
         "shuffle": plan.shuffle,
         "drop_last": plan.drop_last,
     }
+
+
+def _global_step(t: Mapping[str, Any]) -> int:
+    """Samples of one global step over all processes (their combined batches may differ)."""
+    if t.get("replicas") and t.get("batch_size"):
+        return (
+            int(t["batch_size"])
+            * int(t["device_iterations"])
+            * int(t["gradient_accumulation"])
+            * int(t["replicas"])
+        )
+    return int(t["combined"]) * int(t["processes"])
 
 
 def _describe(t: Mapping[str, Any]) -> str:
@@ -49,14 +63,14 @@ def resume_batch(saved: Mapping[str, Any], current: Mapping[str, Any], batch: in
     with a step boundary in common: the batch that starts at the same sample. Otherwise
     resuming would skip or repeat samples: refused, with what to do.
     """
-    if batch == 0 or dict(saved) == dict(current):
+    # A record from before "replicas" was kept is the same topology without it.
+    if batch == 0 or dict(saved) == {k: v for k, v in current.items() if k in saved}:
         return batch
     same_data = all(
         saved.get(key) == current[key] for key in ("num_samples", "shuffle", "drop_last")
     )
     if same_data and saved.get("order") == current["order"] == ORDER_TOPOLOGY_INVARIANT:
-        old_step = int(saved["combined"]) * int(saved["processes"])
-        new_step = int(current["combined"]) * int(current["processes"])
+        old_step, new_step = _global_step(saved), _global_step(current)
         n = int(current["num_samples"])
         shift_same = not current["shuffle"] or n % old_step == n % new_step
         consumed = batch * old_step

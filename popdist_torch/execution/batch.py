@@ -8,7 +8,7 @@ per-replica leaves. Shared by the replica runners and the executor.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -91,9 +91,9 @@ class Batch:
         """The inputs of accumulation step ``g`` of iteration ``d``: leaves ``[R, b, ...]``."""
         return [t[d, g] for t in self.batched]
 
-    def replica_args(self, d: int, g: int, replica: int) -> list[Any]:
-        """Replica ``replica``'s positional arguments for accumulation step ``g`` of ``d``."""
-        return list(self.rebuild([t[d, g, replica] for t in self.batched])[0])
+    def replica_call(self, d: int, g: int, replica: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Replica ``replica``'s call (arguments, keywords) for accumulation step ``g`` of ``d``."""
+        return self.rebuild([t[d, g, replica] for t in self.batched])
 
     def rebuild(self, batched: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         leaves = list(self.constants)
@@ -105,10 +105,11 @@ class Batch:
         return tuple(args), dict(kwargs)
 
 
-def loss_index(output: Any, *, batched: bool = False) -> int | None:
+def loss_index(output: Any, *, batched: bool = False) -> int | str | None:
     """Where one micro-batch's loss is in the model's output (PopTorch finds it anywhere).
 
-    ``None``: the output is the loss. In a tuple or list, the loss is the last element if it
+    ``None``: the output is the loss. In a dict (a Hugging Face ``ModelOutput``), the key
+    ``"loss"``. In a tuple or list, the loss is the last element if it
     is a scalar that depends on the parameters (what a loss function or ``identity_loss``
     returns), else the first element if that one is, else the last (which the checks then
     reject with a message). So ``(output, loss)`` and ``(loss, output)`` both train; with
@@ -116,6 +117,13 @@ def loss_index(output: Any, *, batched: bool = False) -> int | None:
     of the replicas' ``vmap``, whose leaves have a leading replica dimension (inside
     ``vmap`` whether a tensor needs gradients cannot be seen, so the choice is made there).
     """
+    if isinstance(output, Mapping):
+        if "loss" not in output:
+            raise ExecutorError(
+                f"a training model's forward returned a dict with keys {list(output)} and no "
+                "'loss': return the loss under 'loss' (Hugging Face models: pass labels=...)"
+            )
+        return "loss"
     if not isinstance(output, (tuple, list)) or not output:
         return None
     last = len(output) - 1
@@ -129,15 +137,16 @@ def _is_loss(value: Any, dim: int) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == dim and value.requires_grad
 
 
-def loss_of(output: Any, index: int | None = -1) -> torch.Tensor:
+def loss_of(output: Any, index: int | str | None = -1) -> torch.Tensor:
     """The loss in ``output``: at ``index`` (from :func:`loss_index`; ``-1``: find it)."""
     if index == -1:
         index = loss_index(output)
     loss = output if index is None else output[index]
     if not isinstance(loss, torch.Tensor):
         raise ExecutorError(
-            f"a training model's forward must return its loss as a tensor, or a tuple whose "
-            f"first or last element is the loss; got {type(loss).__name__}"
+            f"a training model's forward must return its loss as a tensor, a tuple whose "
+            f"first or last element is the loss, or a dict with the key 'loss'; got "
+            f"{type(loss).__name__}"
         )
     return loss
 

@@ -14,34 +14,36 @@ model of the same module share them.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 from popdist import progress
+from popdist.collectives.base import Collectives
 from popdist.env import read_compute_threads
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
 from popdist_torch.execution.batch import Batch
+from popdist_torch.execution.deterministic import DeterministicReplicaRunner, ReplicaGradients
 from popdist_torch.execution.device import DeviceSide
 from popdist_torch.execution.observation import Observation
 from popdist_torch.execution.outputs import OutputCollector
 from popdist_torch.execution.placement import (
     CPU,
     instance_device,
-    move_optimizer_state,
+    optimizer_state_on_device,
     place,
     to_host,
 )
 from popdist_torch.execution.reducer import GradientReducer, broadcast_state, connect
 from popdist_torch.execution.runners import ReplicaRunner, make_runner, uses_stages
-from popdist_torch.optim import SGD, PopTorchOptimizer, loss_scaling_of
+from popdist_torch.optim import SGD, PopTorchOptimizer, check_constants, loss_scaling_of
+from popdist_torch.optim.sharded import StateShards, step
 from popdist_torch.options import Options
+from popdist_torch.options.distributed import replica_counts
 
 __all__ = [
     "ExecutorError",
@@ -50,6 +52,13 @@ __all__ = [
     "inferenceModel",
     "trainingModel",
 ]
+
+
+_NO_DETERMINISTIC_STAGES = (
+    "Training.deterministicReduction (or poprun --deterministic-reduction) runs whole "
+    "replicas one by one; a model split into stages cannot use it: turn it off, or run "
+    "the model unstaged"
+)
 
 
 def identity_loss(x: torch.Tensor, reduction: str = "none") -> torch.Tensor:
@@ -83,25 +92,76 @@ def _resolved(options: Options | None, *, training: bool) -> Options:
 
 
 def _connect(
-    model: nn.Module, opts: Options, optimizer: torch.optim.Optimizer | None
-) -> GradientReducer | None:
+    model: nn.Module,
+    opts: Options,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    average: bool,
+    deterministic: bool,
+) -> tuple[Collectives | None, GradientReducer | None]:
     """Join the other instances: start from instance 0's state; a training model's reducer.
 
-    ``None`` for an inference model, or when the collectives connect no other process (one
-    process: the local backend), where a reducer would only zero-fill unused gradients.
+    The collectives are ``None`` when they connect no other process (one process: the local
+    backend). The reducer is ``None`` then, for an inference model, and with the
+    deterministic reduction (which reduces in its own runner).
     """
     dist = opts.Distributed
     collectives = connect(dist.numProcesses, dist.processId)
-    if not collectives.capabilities.communicates:
-        return None
-    threads = read_compute_threads()
-    if threads is not None:
+    communicates = collectives.capabilities.communicates
+    threads = read_compute_threads(deterministic=deterministic)
+    if threads is not None and (communicates or deterministic):
         torch.set_num_threads(threads)
+    if not communicates:
+        return None, None
     broadcast_state(collectives, model, optimizer, buffers=opts.broadcast_buffers)
-    if optimizer is None:
+    if optimizer is None or deterministic:
+        return collectives, None
+    return collectives, GradientReducer(collectives, model.named_parameters(), average=average)
+
+
+def _join(
+    model: nn.Module, opts: Options, optimizer: torch.optim.Optimizer | None, training: bool
+) -> tuple[
+    int | None, Collectives | None, GradientReducer | None, DeterministicReplicaRunner | None
+]:
+    """Join the other instances and choose how gradients are reduced.
+
+    Returns the replicas a Mean divides by (``None``: this instance's, the uniform default
+    path), the collectives (``None``: no other instance), the default reducer, and the
+    deterministic reduction's runner (or ``None``). A mean over
+    all replicas weighs each one alike: with a non-uniform split (or the deterministic
+    reduction) each loss is scaled by 1 / all replicas, and the instances' sums are added.
+    """
+    dist = opts.Distributed
+    counts = replica_counts(dist.numProcesses, dist.processId, opts.replication_factor)
+    deterministic = training and opts.Training.deterministic_reduction
+    mean = opts.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
+    uniform = len(set(counts)) == 1
+    collectives, reducer = _connect(
+        model, opts, optimizer, average=mean and uniform, deterministic=deterministic
+    )
+    runner = None
+    if deterministic:
+        if uses_stages(model, opts):
+            raise ExecutorError(_NO_DETERMINISTIC_STAGES)
+        rows = ReplicaGradients(collectives, model.named_parameters(), counts, dist.processId)
+        runner = DeterministicReplicaRunner(model, rows)
+    return (None if uniform and not deterministic else sum(counts)), collectives, reducer, runner
+
+
+def _refuse_stages(runner: ReplicaRunner) -> None:
+    """The deterministic reduction runs whole replicas: a model found to place blocks fails."""
+    if isinstance(runner, DeterministicReplicaRunner):
+        raise ExecutorError(_NO_DETERMINISTIC_STAGES)
+
+
+def _shards(opts: Options, collectives: Collectives | None) -> StateShards | None:
+    """The optimizer-state shards when the options shard it and there are other instances
+    (``collectives``: ``None`` without them, or without an optimizer)."""
+    locations = opts.TensorLocations
+    if collectives is None or not locations.optimizer_sharded:
         return None
-    average = opts.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
-    return GradientReducer(collectives, model.named_parameters(), average=average)
+    return StateShards(collectives, locations.sharding_min_elements)
 
 
 class PoplarExecutor(DeviceSide, Observation):
@@ -138,10 +198,12 @@ class PoplarExecutor(DeviceSide, Observation):
             pipelined=uses_stages(model, opts), num_processes=opts.Distributed.numProcesses
         )
         place(model, self._optimizer, self._device)
-        self._reducer = _connect(model, opts, self._optimizer)
+        joined = _join(model, opts, self._optimizer, training)
+        self._mean_over, collectives, self._reducer, deterministic = joined
+        self._shards = _shards(opts, collectives if self._optimizer is not None else None)
         # ``Block`` contexts show only when forward runs: the first call watches for them.
         self._watch_blocks = not uses_stages(model, opts)
-        self._runner: ReplicaRunner = make_runner(
+        self._runner: ReplicaRunner = deterministic or make_runner(
             model,
             opts,
             reducer=self._reducer,
@@ -268,6 +330,7 @@ class PoplarExecutor(DeviceSide, Observation):
             with watch_blocks() as seen:
                 result = self._run(batch)
         except BlocksPlaced:
+            _refuse_stages(self._runner)
             self._watch_blocks = False
             if self._training:
                 check_accumulation(None, self._options.Training.gradient_accumulation)
@@ -313,45 +376,32 @@ class PoplarExecutor(DeviceSide, Observation):
     def _train(self, batch: Batch) -> Any:
         opts, optimizer = self._options, self._optimizer
         assert optimizer is not None
+        check_constants(optimizer)  # PopTorch's constant attributes: fixed from the first run
         mean = opts.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
-        scale = 1.0 / (batch.accumulation * batch.replicas) if mean else 1.0
+        scale = 1.0 / (batch.accumulation * (self._mean_over or batch.replicas)) if mean else 1.0
         # PopTorch's loss scaling: the backward pass carries the factor, the step removes it.
         loss_scaling = loss_scaling_of(optimizer)
         collector = self._collector()
-        for d in range(batch.iterations):
+        for d in self._timed(batch.iterations):
             optimizer.zero_grad(set_to_none=True)
             self._runner.forward_backward(batch, d, scale=scale * loss_scaling, collector=collector)
             if loss_scaling != 1.0:
                 assert isinstance(optimizer, PopTorchOptimizer)
                 optimizer.unscale_next_step(loss_scaling)
-            with self._optimizer_state_on_device():
-                optimizer.step()
+            with optimizer_state_on_device(optimizer, opts.TensorLocations.optimizer_on_chip):
+                step(optimizer, self._shards)
             if self._anchors is not None:
                 self._anchors.after_update(d)
         return collector.result()
 
     def _infer(self, batch: Batch) -> Any:
         collector = self._collector()
-        for d in range(batch.iterations):
+        for d in self._timed(batch.iterations):
             if collector.wants(d, 0):
                 self._runner.forward(batch, d, collector)
             if self._anchors is not None:
                 self._anchors.after_update(d)
         return collector.result()
-
-    @contextlib.contextmanager
-    def _optimizer_state_on_device(self) -> Iterator[None]:
-        """Optimizer state in host memory between updates when the options ask for it."""
-        optimizer = self._optimizer
-        assert optimizer is not None
-        if self._options.TensorLocations.optimizer_on_chip:
-            yield
-            return
-        move_optimizer_state(optimizer, lambda p: p.device)
-        try:
-            yield
-        finally:
-            move_optimizer_state(optimizer, lambda p: CPU)
 
 
 def trainingModel(

@@ -1,4 +1,5 @@
-"""What a wrapped model shows besides its outputs: anchored tensors, synthetic-data throughput.
+"""What a wrapped model shows besides its outputs: anchored tensors, synthetic-data throughput,
+latency.
 
 :class:`Observation` is the part of :class:`~popdist_torch.execution.executor.PoplarExecutor`
 that PopTorch scripts use to look at a run: ``getTensorNames()`` and
@@ -7,12 +8,22 @@ that PopTorch scripts use to look at a run: ``getTensorNames()`` and
 generated inputs and the throughput of the calls
 (:mod:`popdist_torch.execution.synthetic`). A model that uses neither pays one attribute
 test per call.
+
+``getLatency()`` is PopTorch's ``(min, max, mean)``, in fractional seconds, of the time
+between a device iteration's first input being requested and its last output being
+written back to the host, over the iterations of the model's latest call (inference
+benchmarks call it after every batch). Here every device iteration runs on the host (or the
+instance's GPU), so its round trip is the host-side time from the moment it starts reading
+its micro-batches to the moment its outputs are kept (and, training, the optimizer has
+stepped): the executor walks the iterations through :meth:`Observation._timed`, which
+measures exactly that with ``time.perf_counter``.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -52,6 +63,7 @@ class Observation:
     _throughput: Throughput | None
     _observing: bool
     _runner: Any  # the executor's ReplicaRunner
+    _latencies: tuple[float, ...] = ()
 
     def _check_alive(self) -> None:
         raise NotImplementedError
@@ -96,6 +108,29 @@ class Observation:
         return self._throughput.figures()
 
     # -- the executor's side ------------------------------------------------------------
+    def _timed(self, iterations: int) -> Iterator[int]:
+        """``range(iterations)``, timing each iteration from its start to the next request.
+
+        A call's figures replace the last call's once it has run all its iterations; a call
+        that raised leaves the last complete call's figures.
+        """
+        durations: list[float] = []
+        for d in range(iterations):
+            started = time.perf_counter()
+            yield d
+            durations.append(time.perf_counter() - started)
+        self._latencies = tuple(durations)
+
+    def getLatency(self) -> tuple[float, float, float]:
+        """``(min, max, mean)`` round-trip seconds of the last call's device iterations.
+
+        ``(0.0, 0.0, 0.0)`` before the model has run, as PopTorch's when it has no figures.
+        """
+        figures = self._latencies
+        if not figures:
+            return (0.0, 0.0, 0.0)
+        return (min(figures), max(figures), sum(figures) / len(figures))
+
     def _inputs(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -18,7 +18,8 @@ The decision is the pure :func:`choose_device`; tests drive it with fake device 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "choose_device",
     "instance_device",
     "move_optimizer_state",
+    "optimizer_state_on_device",
     "place",
     "to_host",
 ]
@@ -78,6 +80,20 @@ def move_optimizer_state(
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
                 state[key] = value.to(device)
+
+
+@contextlib.contextmanager
+def optimizer_state_on_device(optimizer: torch.optim.Optimizer, on_chip: bool) -> Iterator[None]:
+    """Around a step: the state on the parameters' device, back in host memory after it when
+    ``on_chip`` is false (``useOnChipStorage(False)``: host memory between updates)."""
+    if on_chip:
+        yield
+        return
+    move_optimizer_state(optimizer, lambda p: p.device)
+    try:
+        yield
+    finally:
+        move_optimizer_state(optimizer, lambda p: CPU)
 
 
 def place(model: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:

@@ -67,6 +67,11 @@ class GradientReducer:
             for n, p in self._params
         ]
 
+    @property
+    def collectives(self) -> Collectives:
+        """The collectives the gradients are reduced on."""
+        return self._collectives
+
     def _launch(self, name: str, grad: torch.Tensor) -> None:
         self._handles[name] = self._collectives.allreduce_async_(
             grad, average=self._average, name=f"popdist_torch.grad.{name}"

@@ -219,10 +219,13 @@ class StageReplicaRunner(ReplicaRunner):
     def forward_backward(
         self, batch: Batch, iteration: int, *, scale: float, collector: OutputCollector
     ) -> None:
+        from popdist_torch.pipeline import MicroBatch
+
         steps, replicas = batch.accumulation, batch.replicas
         per_replica = [
             self.stages.forward_backward(
-                [batch.replica_args(iteration, g, i) for g in range(steps)], grad_scale=scale
+                [MicroBatch(*batch.replica_call(iteration, g, i)) for g in range(steps)],
+                grad_scale=scale,
             )
             for i in range(replicas)
         ]
@@ -233,7 +236,9 @@ class StageReplicaRunner(ReplicaRunner):
             collector.add(iteration, g, stack([detach(per_replica[i][g]) for i in range(replicas)]))
 
     def forward(self, batch: Batch, iteration: int, collector: OutputCollector) -> None:
-        micro = [batch.replica_args(iteration, 0, i) for i in range(batch.replicas)]
+        from popdist_torch.pipeline import MicroBatch
+
+        micro = [MicroBatch(*batch.replica_call(iteration, 0, i)) for i in range(batch.replicas)]
         collector.add(iteration, 0, stack([detach(o) for o in self.stages.forward(micro)]))
 
 

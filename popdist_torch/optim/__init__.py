@@ -25,8 +25,23 @@ PopTorch's arguments, with PopTorch's defaults (each is a row of the surface tab
 - ``max_weight_norm`` (LAMB; 65500): the cap of LAMB's weight norm in its trust ratio.
 """
 
+from popdist_torch.optim.attributes import VariableAttributes, check_constants
 from popdist_torch.optim.base import PopTorchOptimizer, loss_scaling_of
 from popdist_torch.optim.lamb import LAMB
 from popdist_torch.optim.optimizers import SGD, Adam, AdamW, RMSprop
 
-__all__ = ["LAMB", "SGD", "Adam", "AdamW", "PopTorchOptimizer", "RMSprop", "loss_scaling_of"]
+#: PopTorch's name of the base class of its optimizers: ``isinstance(opt, poptorch.optim.Optimizer)``.
+Optimizer = PopTorchOptimizer
+
+__all__ = [
+    "LAMB",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Optimizer",
+    "PopTorchOptimizer",
+    "RMSprop",
+    "VariableAttributes",
+    "check_constants",
+    "loss_scaling_of",
+]

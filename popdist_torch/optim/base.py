@@ -29,18 +29,27 @@ outside the executor sees unscaled gradients and divides nothing.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar, cast, overload
 
 import torch
 
 from popdist_torch.errors import OptimizerError
+from popdist_torch.optim.attributes import GLOBAL_ATTRIBUTES, VariableAttributes
 from popdist_torch.surface.names import rows_of
 from popdist_torch.surface.rows import REFUSED
 
-__all__ = ["Params", "PopTorchOptimizer", "loss_scaling_of"]
+__all__ = [
+    "Params",
+    "PopTorchOptimizer",
+    "given",
+    "loss_scaling_of",
+    "or_default",
+    "torch_keywords",
+]
 
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
@@ -52,6 +61,21 @@ ACCUM_TYPES = (torch.float32, torch.float16)
 
 #: Parameter types whose update is computed in float32 (PopTorch's half-precision weights).
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def given(arguments: dict[str, Any]) -> list[str]:
+    """The names of the arguments passed with a value (PopTorch: ``None`` is "not given")."""
+    return [name for name, value in arguments.items() if value is not None]
+
+
+def or_default(value: Any, default: Any) -> Any:
+    """``value``, or PopTorch's (torch's) ``default`` when it is ``None``."""
+    return default if value is None else value
+
+
+def torch_keywords(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Torch's own keyword arguments (``foreach``, ``maximize``...) without the ``None`` ones."""
+    return {name: value for name, value in kwargs.items() if value is not None}
 
 
 def refuse_argument(name: str, value: Any) -> None:
@@ -133,6 +157,19 @@ class PopTorchOptimizer:
     _state_types: ClassVar[dict[str, str]] = {}
     _torch_optimizer: type[torch.optim.Optimizer]
     _gradient_scale: float = 1.0
+    _owned: set[int] | None = None
+
+    variable_attrs: VariableAttributes
+
+    def _track_variables(self, passed: Iterable[str]) -> None:
+        """PopTorch's ``variable_attrs``: the attributes ``passed`` are variable, others constant."""
+        self.variable_attrs = VariableAttributes(passed, [*self.defaults, *GLOBAL_ATTRIBUTES])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Torch's state plus PopTorch's attributes (``copy.deepcopy`` and pickle keep them)."""
+        state = dict(cast("dict[str, Any]", super().__getstate__()))
+        state.update((k, v) for k, v in vars(self).items() if not k.startswith("_"))
+        return state
 
     def _set_group_defaults(self, **values: Any) -> None:
         for key, value in values.items():
@@ -173,10 +210,43 @@ class PopTorchOptimizer:
         working = self._working_copies(scale)
         try:
             self._clip_gradients()
-            self._update()
+            with self._only_owned(working):
+                self._update()
         finally:
             self._write_back(working)
         return loss
+
+    def step_only(self, owned: set[int]) -> None:
+        """One step that updates only the parameters whose ``id`` is in ``owned``.
+
+        For the sharded optimizer state (:mod:`popdist_torch.optim.sharded`): unscaling and
+        clipping still read every gradient, as the whole step does.
+        """
+        self._owned = owned
+        try:
+            self.step()
+        finally:
+            self._owned = None
+
+    @contextlib.contextmanager
+    def _only_owned(self, working: list[_Working]) -> Iterator[None]:
+        """Hide the gradients of the parameters not owned from the update (then restore them)."""
+        owned = self._owned
+        if owned is None:
+            yield
+            return
+        originals = {id(item.working): item.param for item in working}
+        hidden = []
+        for group in self.param_groups:
+            for q in group["params"]:
+                if id(originals.get(id(q), q)) not in owned and q.grad is not None:
+                    hidden.append((q, q.grad))
+                    q.grad = None
+        try:
+            yield
+        finally:
+            for q, grad in hidden:
+                q.grad = grad
 
     def _stored_types(self) -> dict[str, torch.dtype]:
         return {key: getattr(self, attr) for key, attr in self._state_types.items()}

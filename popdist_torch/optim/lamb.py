@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from popdist_torch.errors import OptimizerError
-from popdist_torch.optim.base import Params, flag, scaling
+from popdist_torch.optim.base import Params, flag, given, or_default, scaling
 from popdist_torch.optim.optimizers import ADAM_STATE, Moments
 
 __all__ = ["LAMB"]
@@ -33,10 +33,10 @@ class LAMB(Moments, torch.optim.Optimizer):
     def __init__(
         self,
         params: Params,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
+        lr: float | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
         bias_correction: bool | None = None,
         loss_scaling: float | None = None,
         max_weight_norm: float | None = None,
@@ -44,6 +44,7 @@ class LAMB(Moments, torch.optim.Optimizer):
         first_order_momentum_accum_type: torch.dtype | None = None,
         second_order_momentum_accum_type: torch.dtype | None = None,
     ) -> None:
+        passed = given(locals())
         self._set_types(
             accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type
         )
@@ -58,14 +59,15 @@ class LAMB(Moments, torch.optim.Optimizer):
         self.max_grad_norm = None
         factor = scaling("loss_scaling", loss_scaling)
         defaults = {
-            "lr": lr,
-            "betas": betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
+            "lr": or_default(lr, 1e-3),
+            "betas": or_default(betas, (0.9, 0.999)),
+            "eps": or_default(eps, 1e-8),
+            "weight_decay": or_default(weight_decay, 1e-2),
             "max_weight_norm": self.max_weight_norm,
         }
         super().__init__(params, defaults)
         self._set_group_defaults(loss_scaling=factor, bias_correction=self.bias_correction)
+        self._track_variables(passed)
 
     def _update(self) -> None:
         for group in self.param_groups:

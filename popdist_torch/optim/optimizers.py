@@ -13,7 +13,15 @@ from typing import Any, ClassVar
 import torch
 
 from popdist_torch.errors import OptimizerError
-from popdist_torch.optim.base import Params, PopTorchOptimizer, flag, scaling
+from popdist_torch.optim.base import (
+    Params,
+    PopTorchOptimizer,
+    flag,
+    given,
+    or_default,
+    scaling,
+    torch_keywords,
+)
 from popdist_torch.optim.base import accum_type as _accum
 from popdist_torch.optim.base import max_grad_norm as _max_grad_norm
 
@@ -24,6 +32,19 @@ ADAM_STATE = {
     "exp_avg_sq": "second_order_momentum_accum_type",
     "max_exp_avg_sq": "second_order_momentum_accum_type",
 }
+
+
+def _adam_defaults(
+    lr: Any, betas: Any, eps: Any, weight_decay: Any, amsgrad: Any, decay: float
+) -> tuple[Any, ...]:
+    """The Adam family's positional arguments, ``None`` read as torch's default."""
+    return (
+        or_default(lr, 1e-3),
+        or_default(betas, (0.9, 0.999)),
+        or_default(eps, 1e-8),
+        or_default(weight_decay, decay),
+        or_default(amsgrad, False),
+    )
 
 
 class Moments(PopTorchOptimizer):
@@ -46,11 +67,11 @@ class SGD(PopTorchOptimizer, torch.optim.SGD):
     def __init__(
         self,
         params: Params,
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        dampening: float = 0.0,
-        weight_decay: float = 0.0,
-        nesterov: bool = False,
+        lr: float | None = None,
+        momentum: float | None = None,
+        dampening: float | None = None,
+        weight_decay: float | None = None,
+        nesterov: bool | None = None,
         *,
         loss_scaling: float | None = None,
         velocity_scaling: float | None = None,
@@ -60,14 +81,24 @@ class SGD(PopTorchOptimizer, torch.optim.SGD):
         max_grad_norm: float | None = None,
         **kwargs: Any,
     ) -> None:
+        passed = given({**locals(), **kwargs})
         self.accum_type = _accum("accum_type", accum_type)
         self.velocity_accum_type = _accum("velocity_accum_type", velocity_accum_type)
         self.use_combined_accum = flag("use_combined_accum", use_combined_accum, False)
         factor = scaling("loss_scaling", loss_scaling)
         velocity = scaling("velocity_scaling", velocity_scaling)
         self.max_grad_norm = _max_grad_norm(max_grad_norm)
-        super().__init__(params, lr, momentum, dampening, weight_decay, nesterov, **kwargs)
+        super().__init__(
+            params,
+            or_default(lr, 1e-3),
+            or_default(momentum, 0.0),
+            or_default(dampening, 0.0),
+            or_default(weight_decay, 0.0),
+            or_default(nesterov, False),
+            **torch_keywords(kwargs),
+        )
         self._set_group_defaults(loss_scaling=factor, velocity_scaling=velocity)
+        self._track_variables(passed)
 
 
 class Adam(Moments, torch.optim.Adam):
@@ -78,11 +109,11 @@ class Adam(Moments, torch.optim.Adam):
     def __init__(
         self,
         params: Params,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        amsgrad: bool = False,
+        lr: float | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
+        amsgrad: bool | None = None,
         *,
         loss_scaling: float | None = None,
         accum_type: torch.dtype | None = None,
@@ -91,13 +122,19 @@ class Adam(Moments, torch.optim.Adam):
         max_grad_norm: float | None = None,
         **kwargs: Any,
     ) -> None:
+        passed = given({**locals(), **kwargs})
         self._set_types(
             accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type
         )
         factor = scaling("loss_scaling", loss_scaling)
         self.max_grad_norm = _max_grad_norm(max_grad_norm)
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
+        super().__init__(
+            params,
+            *_adam_defaults(lr, betas, eps, weight_decay, amsgrad, 0.0),
+            **torch_keywords(kwargs),
+        )
         self._set_group_defaults(loss_scaling=factor)
+        self._track_variables(passed)
 
 
 class AdamW(Moments, torch.optim.AdamW):
@@ -108,11 +145,11 @@ class AdamW(Moments, torch.optim.AdamW):
     def __init__(
         self,
         params: Params,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
-        amsgrad: bool = False,
+        lr: float | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
+        amsgrad: bool | None = None,
         *,
         loss_scaling: float | None = None,
         bias_correction: bool | None = None,
@@ -122,6 +159,7 @@ class AdamW(Moments, torch.optim.AdamW):
         max_grad_norm: float | None = None,
         **kwargs: Any,
     ) -> None:
+        passed = given({**locals(), **kwargs})
         self._set_types(
             accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type
         )
@@ -136,8 +174,13 @@ class AdamW(Moments, torch.optim.AdamW):
                 )
         factor = scaling("loss_scaling", loss_scaling)
         self.max_grad_norm = _max_grad_norm(max_grad_norm)
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
+        super().__init__(
+            params,
+            *_adam_defaults(lr, betas, eps, weight_decay, amsgrad, 1e-2),
+            **torch_keywords(kwargs),
+        )
         self._set_group_defaults(loss_scaling=factor, bias_correction=corrected)
+        self._track_variables(passed)
 
     def _update(self) -> None:
         """AdamW's update, bias-corrected (torch's) or not."""
@@ -196,12 +239,12 @@ class RMSprop(Moments, torch.optim.RMSprop):
     def __init__(
         self,
         params: Params,
-        lr: float = 1e-2,
-        alpha: float = 0.99,
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        momentum: float = 0.0,
-        centered: bool = False,
+        lr: float | None = None,
+        alpha: float | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
+        momentum: float | None = None,
+        centered: bool | None = None,
         *,
         loss_scaling: float | None = None,
         accum_type: torch.dtype | None = None,
@@ -211,14 +254,25 @@ class RMSprop(Moments, torch.optim.RMSprop):
         max_grad_norm: float | None = None,
         **kwargs: Any,
     ) -> None:
+        passed = given({**locals(), **kwargs})
         self._set_types(
             accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type
         )
         self.use_tf_variant = flag("use_tf_variant", use_tf_variant, False)
         factor = scaling("loss_scaling", loss_scaling)
         self.max_grad_norm = _max_grad_norm(max_grad_norm)
-        super().__init__(params, lr, alpha, eps, weight_decay, momentum, centered, **kwargs)
+        super().__init__(
+            params,
+            or_default(lr, 1e-2),
+            or_default(alpha, 0.99),
+            or_default(eps, 1e-8),
+            or_default(weight_decay, 0.0),
+            or_default(momentum, 0.0),
+            or_default(centered, False),
+            **torch_keywords(kwargs),
+        )
         self._set_group_defaults(loss_scaling=factor, use_tf_variant=self.use_tf_variant)
+        self._track_variables(passed)
 
     def _update(self) -> None:
         if not self.use_tf_variant:

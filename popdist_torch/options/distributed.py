@@ -9,7 +9,21 @@ from popdist_torch.errors import OptionsError
 from popdist_torch.options.group import OptionGroup, install_setters
 from popdist_torch.surface.rows import whole_number
 
-__all__ = ["DistributedOptions"]
+__all__ = ["DistributedOptions", "replica_counts"]
+
+
+def replica_counts(num_processes: int, process_id: int, local_replicas: int) -> tuple[int, ...]:
+    """Every process's local replicas, in process order, for a process with these numbers.
+
+    poprun's non-uniform split (``RunView.uniform`` false) when the
+    numbers are the launch's; otherwise every process holds ``local_replicas`` (the uniform
+    split PopTorch assumes).
+    """
+    run = read_run()
+    launched = (run.num_instances, run.instance_index, run.num_local_replicas)
+    if not run.uniform and launched == (num_processes, process_id, local_replicas):
+        return run.replica_counts()
+    return (local_replicas,) * num_processes
 
 
 @install_setters

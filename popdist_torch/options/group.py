@@ -9,6 +9,7 @@ through :func:`install_setters`: a name's behaviour is its row, not a hand-writt
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -60,6 +61,14 @@ class OptionGroup:
 
     def _unfreeze(self) -> None:
         self._frozen = False
+
+    def __deepcopy__(self: _Group, memo: dict[int, Any]) -> _Group:
+        """An unfrozen deep copy, as PopTorch's (``copy.deepcopy`` of a DataLoader's options)."""
+        out = type(self).__new__(type(self))
+        memo[id(self)] = out
+        for key, value in self.__dict__.items():
+            out.__dict__[key] = False if key == "_frozen" else copy.deepcopy(value, memo)
+        return out
 
     def _values(self) -> dict[str, Any]:
         """Public values of this group, for ``toDict``."""

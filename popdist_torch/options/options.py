@@ -15,6 +15,7 @@ does not have raises ``AttributeError``. Nothing is silently ignored.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import warnings
 from typing import Any
@@ -30,6 +31,8 @@ from popdist_torch.options.precision import PrecisionOptions
 from popdist_torch.options.tensor_locations import TensorLocationOptions
 from popdist_torch.options.training import TrainingOptions
 from popdist_torch.surface.rows import whole_number
+
+log = logging.getLogger("popdist_torch.options")
 
 __all__ = ["Options"]
 
@@ -165,12 +168,14 @@ class Options(ObservingOptions):
             ) from None
         if mode == OutputMode.EveryN:
             period = whole_number("outputMode(EveryN, output_return_period)", output_return_period)
-        elif output_return_period not in (None, 1):
-            raise OptionsError(
-                f"outputMode({mode.name}, output_return_period={output_return_period!r}): a "
-                f"period only applies to OutputMode.EveryN"
-            )
-        else:
+        else:  # as PopTorch: a period outside EveryN is ignored, with a note
+            if output_return_period not in (None, 1):
+                log.info(
+                    "outputMode(%s, output_return_period=%r): the period is ignored, it only "
+                    "applies to OutputMode.EveryN",
+                    mode.name,
+                    output_return_period,
+                )
             period = 1
         self._output_mode, self._output_return_period = mode, period
         return self
@@ -250,9 +255,7 @@ class Options(ObservingOptions):
     def clone(self) -> Options:
         """A mutable copy (the execution strategy object is shared, not copied)."""
         memo = {id(self._execution_strategy): self._execution_strategy}
-        out = copy.deepcopy(self, memo)
-        out._unfreeze()
-        return out
+        return copy.deepcopy(self, memo)
 
     def defaultOutputMode(self) -> bool:
         """Whether the output mode is still ``Default`` (resolved per model kind)."""

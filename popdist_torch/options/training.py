@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from popdist.env import PopdistError, read_deterministic_reduction
 from popdist_torch.enums import MeanReductionStrategy, ReductionType
 from popdist_torch.errors import OptionsError
 from popdist_torch.options.group import OptionGroup, install_setters
@@ -22,6 +23,7 @@ class TrainingOptions(OptionGroup):
         super().__init__()
         self._gradient_accumulation = 1
         self._reduction = ReductionType.Mean
+        self._deterministic: bool | None = None  # None: poprun --deterministic-reduction
 
     @property
     def gradient_accumulation(self) -> int:
@@ -42,6 +44,35 @@ class TrainingOptions(OptionGroup):
     def accumulation_and_replication_reduction_type(self, value: ReductionType) -> None:
         """Assignment form of ``accumulationAndReplicationReductionType``."""
         self.accumulationAndReplicationReductionType(value)
+
+    @property
+    def deterministic_reduction(self) -> bool:
+        """Whether the sum over replicas is the same bits whatever the split.
+
+        ``deterministicReduction()``'s value, else poprun's ``--deterministic-reduction``
+        (read through :func:`popdist.env.read_deterministic_reduction`), else False.
+        """
+        if self._deterministic is not None:
+            return self._deterministic
+        try:
+            return read_deterministic_reduction()
+        except PopdistError as exc:
+            raise OptionsError(str(exc)) from None
+
+    def deterministicReduction(self, enabled: bool = True) -> TrainingOptions:
+        """Reduce gradients over replicas in a fixed order (project extension, not PopTorch's).
+
+        Each replica's gradient is computed on its own and the gradients are added in global
+        replica order on every instance, so the weights do not depend on how the replicas
+        are split over instances and local replicas (:mod:`popdist_torch.execution.deterministic`).
+        """
+        self._check_mutable("deterministicReduction")
+        if not isinstance(enabled, bool):
+            raise OptionsError(
+                f"Training.deterministicReduction({enabled!r}): expected True or False"
+            )
+        self._deterministic = enabled
+        return self
 
     def gradientAccumulation(self, gradient_accumulation: int) -> TrainingOptions:
         """Accumulate the gradients of this many micro-batches per weight update."""
@@ -73,4 +104,5 @@ class TrainingOptions(OptionGroup):
             "gradient_accumulation": self._gradient_accumulation,
             "accumulation_and_replication_reduction_type": self._reduction,
             "meanAccumulationAndReplicationReductionStrategy": MeanReductionStrategy.Post,
+            "deterministic_reduction": self.deterministic_reduction,
         }

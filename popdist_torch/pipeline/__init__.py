@@ -8,8 +8,9 @@ is a GPU when present, otherwise a CPU worker thread with its share of torch's
 intra-op threads.  ``StageRunner`` is the narrow interface the executor calls.
 
 This package's ``__init__`` is its only door: the annotations and strategies live in
-``blocks``, the tracing and splitting in ``stages``, the schedules and the worker threads in
-``schedule``, and nothing outside the package imports those modules.
+``blocks``, the tracing and splitting in ``stages``, staging at block boundaries as the
+model runs (where torch.fx cannot trace) in ``eager``, the schedules and the worker threads
+in ``schedule``, and nothing outside the package imports those modules.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from popdist_torch.pipeline.blocks import (
     Stage,
     check_accumulation,
     has_block_annotations,
+    note_checkpoint,
     removeBlocks,
     watch_blocks,
 )
 from popdist_torch.pipeline.schedule import (
+    MicroBatch,
     StageEvent,
     StageRunner,
     chrome_trace,
@@ -50,6 +53,7 @@ __all__ = [
     "BlockFunction",
     "BlocksPlaced",
     "ExecutionStrategy",
+    "MicroBatch",
     "ParallelPhasedExecution",
     "Phase",
     "PhasedExecution",
@@ -63,6 +67,7 @@ __all__ = [
     "check_accumulation",
     "chrome_trace",
     "has_block_annotations",
+    "note_checkpoint",
     "pipeline_ops",
     "record_schedule",
     "removeBlocks",

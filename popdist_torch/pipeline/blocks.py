@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from popdist_torch.enums import AutoStage, Liveness
 from popdist_torch.errors import PipelineError
@@ -29,6 +32,10 @@ class _TraceState(threading.local):
         self.current: str | None = None
         self.inside_context: str | None = None
         self.blocks: dict[str, int | None] = {}
+        # (block, time.perf_counter()) at each change of block: an eager forward's profile
+        self.sequence: list[tuple[str, float]] = []
+        # Tensors passed to recomputationCheckpoint in an eager forward being discovered.
+        self.checkpointed: set[int] | None = None
         self.unnamed = 0
         self.auto_ids = False
         # Eager forward watched by the executor (no strategy set): see ``watch_blocks``.
@@ -66,6 +73,14 @@ def watch_blocks() -> Iterator[_TraceState]:
         state.watching = False
 
 
+def note_checkpoint(values: Any) -> None:
+    """Note the tensors ``recomputationCheckpoint`` was given (eager staging recomputes
+    the ``BeginBlock`` modules whose outputs were checkpointed)."""
+    seen = trace_state.checkpointed
+    if seen is not None:
+        seen.update(id(v) for v in tree_leaves(values) if isinstance(v, torch.Tensor))
+
+
 def _block_name(user_id: str | None, ipu_id: int | None) -> str | None:
     """Name of a block: its user id, else ``ipu<N>`` for an ``ipu_id``-only block."""
     if user_id is not None:
@@ -95,6 +110,8 @@ def enter_block(name: str | None, ipu_id: int | None) -> str:
             "give each block a single ipu_id"
         )
     state.blocks[name] = ipu_id if ipu_id is not None else state.blocks.get(name)
+    if state.current != name:
+        state.sequence.append((name, time.perf_counter()))
     state.current = name
     return name
 

@@ -10,17 +10,22 @@ micro-batch order the sums are those of a plain sequential loop.
 
 Pipelined: stages wait only for their data (GPipe or 1F1B order).  Sharded: the same
 workers also wait for a global turn, so exactly one stage runs at a time.
+
+That is the traced path (``stages``).  A model torch.fx cannot trace is staged at its block
+boundaries while it runs (``eager``); ``StageRunner`` picks the path once per call
+signature, and the executor above it never knows which.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -31,9 +36,38 @@ from popdist_torch.pipeline.blocks import (
     PipelinedExecution,
     check_depth,
 )
-from popdist_torch.pipeline.stages import Source, StagePlan, StageSpec, build_plan, loss_source
+from popdist_torch.pipeline.eager import Call, EagerPlan, EagerStages
+from popdist_torch.pipeline.stages import (
+    Bound,
+    Source,
+    StagePlan,
+    StageSpec,
+    Untraceable,
+    bind,
+    build_plan,
+    loss_candidates,
+)
 
 Op = tuple[str, int]  # ("F" | "B", micro-batch index)
+
+log = logging.getLogger("popdist_torch.pipeline")
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch's call of the model: ``model(*args, **kwargs)``.
+
+    ``StageRunner`` also takes a plain sequence of tensors as the positional arguments.
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def _call(micro_batch: MicroBatch | Sequence[Any]) -> Call:
+    if isinstance(micro_batch, MicroBatch):
+        return tuple(micro_batch.args), dict(micro_batch.kwargs)
+    return tuple(micro_batch), {}
 
 
 @dataclass(frozen=True)
@@ -144,12 +178,12 @@ class _Exchange:
             self._values[key] = value
             self._cond.notify_all()
 
-    def get(self, key: tuple[Any, ...]) -> Any:
+    def get(self, key: tuple[Any, ...], keep: bool = False) -> Any:
         with self._cond:
             self._cond.wait_for(lambda: key in self._values or self.failed)
             if self.failed:
                 raise _Aborted
-            return self._values.pop(key)
+            return self._values[key] if keep else self._values.pop(key)
 
     def wait_turn(self, turn: int) -> None:
         with self._cond:
@@ -184,7 +218,8 @@ class StageRunner:
     (``--ipus-per-replica``; ``None``: as many as the stages' ipu ids need);
     ``devices`` overrides where device ``i`` is.  On CPU each device is a worker
     thread limited to ``threads_per_device`` intra-op threads (default: torch's thread
-    count divided by the number of devices).
+    count divided by the number of devices).  ``staging="eager"`` stages at the block
+    boundaries as the model runs even where torch.fx could trace it (tests, benchmarks).
     """
 
     def __init__(
@@ -196,7 +231,10 @@ class StageRunner:
         devices: Sequence[torch.device] | None = None,
         threads_per_device: int | None = None,
         profile: bool = False,
+        staging: Literal["auto", "eager"] = "auto",
     ) -> None:
+        if staging not in ("auto", "eager"):
+            raise PipelineError(f"staging={staging!r} is not one of 'auto', 'eager'")
         if num_devices is not None and num_devices < 1:
             raise PipelineError(
                 f"num_devices={num_devices} must be at least 1 (--ipus-per-replica)"
@@ -209,8 +247,10 @@ class StageRunner:
         self.devices: list[torch.device] = []
         self.threads_per_device = 1
         self.profile = profile
+        self.staging = staging
         self.events: list[StageEvent] = []
-        self._plans: dict[tuple[int, bool], StagePlan] = {}
+        self._plans: dict[tuple[Any, ...], StagePlan | EagerStages] = {}
+        self._recent: dict[tuple[int, bool], StagePlan | EagerPlan] = {}
         self._device_locks: list[threading.Lock] = []
         self._streams: dict[int, Any] = {}
         if num_devices is not None:
@@ -232,60 +272,132 @@ class StageRunner:
         self.threads_per_device = self._threads or max(1, torch.get_num_threads() // count)
 
     # -- public interface -------------------------------------------------------------
-    def plan(self, num_inputs: int) -> StagePlan:
-        """The stage plan for micro-batches of ``num_inputs`` tensors (traced once)."""
+    def plan(self, num_inputs: int) -> StagePlan | EagerPlan:
+        """The stage plan of the last call with micro-batches of ``num_inputs`` tensors."""
         key = (num_inputs, self.model.training)
-        if key not in self._plans:
-            limit = self.num_devices if self.num_devices is not None else sys.maxsize
-            plan = build_plan(self.model, self.strategy, num_inputs, limit)
-            self._set_devices(max(s.ipu_id for s in plan.stages) + 1)
-            for spec in plan.active():
-                device = self.devices[spec.ipu_id]
-                if device.type != "cpu":
-                    assert spec.module is not None
-                    spec.module.to(device)
-            self._plans[key] = plan
-        return self._plans[key]
+        if key not in self._recent:
+            raise PipelineError(
+                f"no call with micro-batches of {num_inputs} tensors has run yet: the stages "
+                "are known after the first forward"
+            )
+        return self._recent[key]
 
     @property
     def num_stages(self) -> int:
         """Stages of the most recently used plan (after the first call)."""
-        if not self._plans:
+        if not self._recent:
             raise PipelineError("num_stages is known after the first forward")
-        return len(next(reversed(self._plans.values())).stages)
+        return len(next(reversed(self._recent.values())).stages)
+
+    def staged_at_run_time(self) -> bool:
+        """Whether the last call signature runs on the eager path (torch.fx could not trace)."""
+        return isinstance(next(reversed(self._plans.values()), None), EagerStages)
 
     def forward_backward(
-        self, micro_batches: Sequence[Sequence[torch.Tensor]], grad_scale: float = 1.0
+        self, micro_batches: Sequence[MicroBatch | Sequence[Any]], grad_scale: float = 1.0
     ) -> list[Any]:
         """Forward and backward of every micro-batch; gradients accumulate in ``.grad``.
 
         The result equals ``for mb in micro_batches: (grad_scale * loss(mb)).backward()``
-        where the loss is the forward's return value or its last element.  Returns each
-        micro-batch's forward output, detached.
+        where the loss is the forward's return value, its ``"loss"``, or the last (else
+        first) element of its tuple.  Returns each micro-batch's forward output, detached.
         """
-        plan = self._plan_for(micro_batches)
-        if isinstance(self.strategy, PipelinedExecution) or self.strategy is None:
-            check_depth(len(plan.stages), len(micro_batches))
-        return self._run(plan, micro_batches, training=True, grad_scale=grad_scale)
+        return self._step(micro_batches, training=True, grad_scale=grad_scale)
 
-    def forward(self, micro_batches: Sequence[Sequence[torch.Tensor]]) -> list[Any]:
+    def forward(self, micro_batches: Sequence[MicroBatch | Sequence[Any]]) -> list[Any]:
         """Forward only (inference), under ``torch.no_grad``; outputs per micro-batch."""
-        plan = self._plan_for(micro_batches)
-        return self._run(plan, micro_batches, training=False, grad_scale=1.0)
+        return self._step(micro_batches, training=False, grad_scale=1.0)
 
     # -- execution --------------------------------------------------------------------
-    def _plan_for(self, micro_batches: Sequence[Sequence[torch.Tensor]]) -> StagePlan:
+    def _step(
+        self,
+        micro_batches: Sequence[MicroBatch | Sequence[Any]],
+        *,
+        training: bool,
+        grad_scale: float,
+    ) -> list[Any]:
         if not micro_batches:
             raise PipelineError("no micro-batches to run")
-        sizes = {len(mb) for mb in micro_batches}
-        if len(sizes) != 1:
-            raise PipelineError(f"micro-batches have different numbers of tensors: {sorted(sizes)}")
-        return self.plan(sizes.pop())
+        calls = [_call(mb) for mb in micro_batches]
+        entry, bounds = self._entry(calls)
+        pipelined = isinstance(self.strategy, PipelinedExecution) or self.strategy is None
+
+        def check(num_stages: int) -> None:
+            if training and pipelined:
+                check_depth(num_stages, len(calls))
+
+        if isinstance(entry, EagerStages):
+            device = self.devices[0] if self.devices else torch.device("cpu")
+            recording = self.profile or bool(_recorders)
+            # Each stage computes with its device's share of threads, as a traced stage does.
+            caller_threads = torch.get_num_threads()
+            if self.devices:
+                torch.set_num_threads(self.threads_per_device)
+            try:
+                return entry.run(
+                    calls,
+                    training=training,
+                    grad_scale=grad_scale,
+                    record=self.record if recording else None,
+                    device=device,
+                    check=check,
+                )
+            finally:
+                torch.set_num_threads(caller_threads)
+        check(len(entry.stages))
+        return self._run(
+            entry, [b.values for b in bounds], training=training, grad_scale=grad_scale
+        )
+
+    def _entry(self, calls: list[Call]) -> tuple[StagePlan | EagerStages, list[Bound]]:
+        """The plan of these calls' signature (made once), and each call's bound inputs."""
+        num_inputs = sum(isinstance(v, torch.Tensor) for v in (*calls[0][0], *calls[0][1].values()))
+        try:
+            bounds = [bind(self.model, args, kwargs) for args, kwargs in calls]
+            keys = {b.key() for b in bounds}
+            if len(keys) != 1:
+                raise PipelineError(
+                    "micro-batches have different inputs: "
+                    + "; ".join(sorted(", ".join(k[0]) for k in keys))
+                )
+            key: tuple[Any, ...] = (keys.pop(), self.model.training)
+        except Untraceable:
+            bounds = []
+            key = (("*", len(calls[0][0]), tuple(sorted(calls[0][1]))), self.model.training)
+        if key not in self._plans:
+            self._plans[key] = self._new_entry(bounds[0] if bounds else None, num_inputs)
+        return self._plans[key], bounds
+
+    def _new_entry(self, bound: Bound | None, num_inputs: int) -> StagePlan | EagerStages:
+        """Split the model with torch.fx, or, where it cannot trace, stage it as it runs."""
+        limit = self.num_devices if self.num_devices is not None else sys.maxsize
+        training = self.model.training
+
+        def adopt(plan: StagePlan | EagerPlan) -> None:
+            self._set_devices(max(s.ipu_id for s in plan.stages) + 1)
+            self._recent[(num_inputs, training)] = plan
+
+        if bound is not None and self.staging == "auto":
+            try:
+                plan = build_plan(self.model, self.strategy, bound, limit)
+            except Untraceable as exc:
+                log.info("%s: staged at its block boundaries as it runs", exc)
+            else:
+                adopt(plan)
+                for spec in plan.active():
+                    device = self.devices[spec.ipu_id]
+                    if device.type != "cpu":
+                        assert spec.module is not None
+                        spec.module.to(device)
+                return plan
+        if self.devices and self.devices[0].type != "cpu":
+            self.model.to(self.devices[0])  # the eager path computes on the first device
+        return EagerStages(self.model, self.strategy, limit, adopt)
 
     def _run(
         self,
         plan: StagePlan,
-        micro_batches: Sequence[Sequence[torch.Tensor]],
+        micro_batches: Sequence[Sequence[Any]],
         *,
         training: bool,
         grad_scale: float,
@@ -324,10 +436,13 @@ class StageRunner:
             self._streams[ipu_id] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
         return self._streams[ipu_id]
 
-    def record(self, spec: StageSpec, kind: str, m: int, start: float) -> None:
-        """Note that ``spec`` ran ``kind`` of micro-batch ``m`` since ``start`` (profiling)."""
+    def record(
+        self, spec: StageSpec, kind: str, m: int, start: float, end: float | None = None
+    ) -> None:
+        """Note that ``spec`` ran ``kind`` of micro-batch ``m`` from ``start`` (to now)."""
         if self.profile or _recorders:
-            event = StageEvent(spec.index, spec.ipu_id, kind, m, start, time.perf_counter())
+            end = time.perf_counter() if end is None else end
+            event = StageEvent(spec.index, spec.ipu_id, kind, m, start, end)
             if self.profile:
                 self.events.append(event)
             for recorder in list(_recorders):
@@ -341,18 +456,20 @@ class _Step:
         self,
         runner: StageRunner,
         plan: StagePlan,
-        micro_batches: Sequence[Sequence[torch.Tensor]],
+        micro_batches: Sequence[Sequence[Any]],
         *,
         training: bool,
         grad_scale: float,
     ) -> None:
         self.runner = runner
+        self.plan = plan
         self.active = plan.active()
         self.micro_batches = micro_batches
         self.training = training
         self.grad_scale = grad_scale
         self.position = {spec.index: i for i, spec in enumerate(self.active)}
-        self.loss = loss_source(plan) if training else None
+        self.candidates = loss_candidates(plan) if training else []
+        self.loss = self.candidates[0] if len(self.candidates) == 1 else plan.loss
         self.exchange = _Exchange()
         self.outputs: dict[tuple[int, int], list[Any]] = {}  # (stage, micro-batch) -> outputs
         self.wanted = {
@@ -418,6 +535,12 @@ class _Step:
             assert spec.module is not None
             result = list(spec.module(*inputs))
             self.runner.record(spec, "F", m, start)
+        if self.loss is None and m == 0:  # which tuple end is the loss: told by its values
+            for cand in self.candidates:
+                if cand.stage == spec.index:
+                    value = result[cand.index]
+                    is_loss = isinstance(value, torch.Tensor) and value.dim() == 0
+                    self.exchange.put(("loss?", cand), is_loss and value.requires_grad)
         for i, value in enumerate(result):
             for consumer in spec.consumers.get(i, []):
                 self.exchange.put(("act", consumer, spec.index, i, m), value)
@@ -426,14 +549,26 @@ class _Step:
         if self.training:
             saved[m] = (inputs, result)
 
+    def _loss(self) -> Source:
+        """The loss: the one candidate, else the tuple's last element unless only the first
+        is a scalar needing gradients (decided on micro-batch 0's values, kept in the plan)."""
+        if self.loss is None:
+            last, first = self.candidates
+            take_first = not self.exchange.get(("loss?", last), keep=True) and self.exchange.get(
+                ("loss?", first), keep=True
+            )
+            self.loss = self.plan.loss = first if take_first else last
+        return self.loss
+
     def _backward(self, spec: StageSpec, m: int, inputs: list[Any], result: list[Any]) -> None:
         tensors: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
+        loss = self._loss()
         for i, value in enumerate(result):
             grad = None
             for consumer in spec.consumers.get(i, []):
                 grad = _add(grad, self.exchange.get(("grad", spec.index, i, consumer, m)))
-            if self.loss is not None and (self.loss.stage, self.loss.index) == (spec.index, i):
+            if (loss.stage, loss.index) == (spec.index, i):
                 grad = _add(grad, torch.full_like(value, self.grad_scale))
             if grad is not None and isinstance(value, torch.Tensor) and value.requires_grad:
                 tensors.append(value)

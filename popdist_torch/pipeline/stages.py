@@ -4,8 +4,14 @@ The forward is traced once per call signature with a tracer that records, for ev
 graph node, the block that was current when the node was created (``Block`` contexts
 and ``BeginBlock`` modules set it).  The graph is then cut with
 ``torch.fx.passes.split_module`` into one ``GraphModule`` per stage; the top-level
-graph that calls them tells which values cross from stage to stage.  Limits: the
-forward must be traceable by torch.fx (no control flow on tensor values).
+graph that calls them tells which values cross from stage to stage.  A forward torch.fx
+cannot trace (control flow on tensor values, shapes used as numbers, attributes set in
+forward) raises :class:`Untraceable`, and the runner stages it eagerly instead
+(:mod:`popdist_torch.pipeline.eager`).
+
+The micro-batch's inputs, positional and keyword, are bound to ``forward``'s parameters:
+tensors become the graph's inputs, other values (``return_dict=False``) and the defaults
+of the parameters not given are fixed for the trace.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
@@ -29,7 +36,7 @@ from popdist_torch.pipeline.blocks import (
     trace_state,
 )
 
-_ALL = "__model__"
+WHOLE_MODEL = "__model__"
 
 
 @dataclass(frozen=True)
@@ -70,10 +77,64 @@ class StagePlan:
     output_sources: list[Source]  # the leaves of ``output`` in order
     num_inputs: int
     block_order: list[str]
+    loss: Source | None = None  # where the loss is, once a training step has decided
 
     def active(self) -> list[StageSpec]:
         """Stages that have work (a block can hold no operation)."""
         return [s for s in self.stages if s.module is not None]
+
+
+class Untraceable(PipelineError):
+    """torch.fx cannot trace this forward: the runner stages it at run time instead."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A micro-batch's inputs bound to ``forward``'s parameters, in signature order.
+
+    ``names`` are the parameters given a tensor (the graph's inputs, in order);
+    ``fixed`` the other given values and the defaults of the parameters not given.
+    """
+
+    names: tuple[str, ...]
+    values: tuple[Any, ...]
+    fixed: dict[str, Any]
+
+    def key(self) -> tuple[Any, ...]:
+        """What a plan depends on: which inputs are tensors, and the fixed values."""
+        return (self.names, tuple((k, repr(v)) for k, v in self.fixed.items()))
+
+
+def bind(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
+    """Bind ``model(*args, **kwargs)`` to its forward's named parameters.
+
+    Raises :class:`Untraceable` when the call fills ``*args`` or ``**kwargs`` (the trace
+    cannot name them) and :class:`PipelineError` when the call does not fit the signature.
+    """
+    signature = inspect.signature(model.forward)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise PipelineError(
+            f"{type(model).__name__}.forward cannot take the micro-batch's inputs "
+            f"({len(args)} positional, keywords {sorted(kwargs)}): {exc}"
+        ) from None
+    names: list[str] = []
+    values: list[Any] = []
+    fixed: dict[str, Any] = {}
+    for p in signature.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            if bound.arguments.get(p.name):
+                raise Untraceable(f"{type(model).__name__}.forward takes *{p.name}")
+            continue
+        if p.name not in bound.arguments:
+            fixed[p.name] = p.default
+        elif isinstance(bound.arguments[p.name], torch.Tensor):
+            names.append(p.name)
+            values.append(bound.arguments[p.name])
+        else:
+            fixed[p.name] = bound.arguments[p.name]
+    return Bound(tuple(names), tuple(values), fixed)
 
 
 class _BlockTracer(fx.Tracer):
@@ -101,49 +162,77 @@ class _BlockTracer(fx.Tracer):
         return super().call_module(m, forward, args, kwargs)
 
 
-def _concrete_args(model: nn.Module, num_inputs: int) -> dict[str, Any]:
-    """Defaults for the forward parameters the micro-batch does not provide."""
-    params = [
-        p
-        for p in inspect.signature(model.forward).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    if num_inputs > len(params):
-        raise PipelineError(
-            f"{type(model).__name__}.forward takes {len(params)} positional inputs, "
-            f"the micro-batch has {num_inputs}"
-        )
-    concrete: dict[str, Any] = {}
-    for p in params[num_inputs:]:
-        if p.default is p.empty:
-            raise PipelineError(
-                f"{type(model).__name__}.forward needs input {p.name!r}, "
-                f"the micro-batch has only {num_inputs} tensors"
-            )
-        concrete[p.name] = p.default
-    return concrete
+def trace(model: nn.Module, bound: Bound) -> tuple[fx.GraphModule, dict[str, int | None]]:
+    """Trace ``model`` for the inputs ``bound``; nodes carry ``meta['popdist_block']``.
 
-
-def trace(model: nn.Module, num_inputs: int) -> tuple[fx.GraphModule, dict[str, int | None]]:
-    """Trace ``model`` for ``num_inputs`` inputs; nodes carry ``meta['popdist_block']``."""
-    concrete = _concrete_args(model, num_inputs)
+    Raises :class:`Untraceable` when torch.fx cannot (the user's modules are left as
+    they were: an attribute the trace set to a proxy is restored).
+    """
     state = trace_state
     state.reset()
     state.tracing = True
+    saved = [(m, _state_of(m)) for m in model.modules()]
+    # The trace runs forward with real buffers: what it does to them in place is undone.
+    values = [(b, b.detach().clone()) for b in model.buffers()]
     try:
-        graph = _BlockTracer().trace(model, concrete_args=concrete or None)
+        graph = _BlockTracer().trace(model, concrete_args=bound.fixed or None)
         blocks = dict(state.blocks)
     except PipelineError:
         raise
     except Exception as exc:  # torch.fx raises many kinds; all mean "cannot split"
-        raise PipelineError(
-            f"cannot split {type(model).__name__} into stages: torch.fx could not trace "
-            f"its forward ({type(exc).__name__}: {exc}); a staged model's forward must not "
-            "branch on tensor values (see docs/pipelining.md)"
+        raise Untraceable(
+            f"torch.fx could not trace {type(model).__name__}.forward ({type(exc).__name__}: {exc})"
         ) from exc
     finally:
         state.reset()
+        left = _restore_proxies(saved)
+        with torch.no_grad():
+            for buffer, value in values:
+                buffer.copy_(value)
+    if left:
+        raise Untraceable(
+            f"{type(model).__name__}.forward sets attribute(s) {', '.join(left)}, which a "
+            "traced graph would not repeat"
+        )
+    _check_no_state_mutation(model, graph)
     return fx.GraphModule(model, graph), blocks
+
+
+def _check_no_state_mutation(model: nn.Module, graph: fx.Graph) -> None:
+    """A forward that updates a buffer in place (``self.buf.mul_(m)``, often under
+    ``torch.no_grad()``, which the trace cannot see) runs eagerly, as written."""
+    for node in graph.nodes:
+        target = str(node.target)
+        if node.op == "call_method" and target.endswith("_") and not target.startswith("_"):
+            first = node.args[0] if node.args else None
+            if isinstance(first, fx.Node) and first.op == "get_attr":
+                raise Untraceable(
+                    f"{type(model).__name__}.forward updates {first.target} in place ({target})"
+                )
+
+
+def _state_of(module: nn.Module) -> tuple[dict[str, Any], ...]:
+    """Copies of what a forward may set on a module: attributes, parameters, buffers."""
+    return dict(vars(module)), dict(module._parameters), dict(module._buffers)
+
+
+def _restore_proxies(saved: list[tuple[nn.Module, tuple[dict[str, Any], ...]]]) -> list[str]:
+    """Undo what the trace's run of forward set on the modules; returns what it set.
+
+    An attribute, parameter or buffer that forward assigns (a proxy left behind, a counter
+    bumped) is a side effect the traced graph would never repeat: such a forward runs
+    eagerly instead.
+    """
+    changed: list[str] = []
+    for module, before in saved:
+        now = (vars(module), module._parameters, module._buffers)
+        for current, old in zip(now, before, strict=True):
+            names = [k for k in current.keys() | old.keys() if current.get(k) is not old.get(k)]
+            if names:
+                changed += sorted(names)
+                current.clear()
+                current.update(old)
+    return changed
 
 
 def _compute_nodes(graph: fx.Graph) -> list[fx.Node]:
@@ -157,7 +246,7 @@ def _assign_blocks(gm: fx.GraphModule) -> list[str]:
         block = node.meta.get("popdist_block")
         if block is not None and block not in order:
             order.append(block)
-    first = order[0] if order else _ALL
+    first = order[0] if order else WHOLE_MODEL
     for node in _compute_nodes(gm.graph):
         if node.meta.get("popdist_block") is None:
             node.meta["popdist_block"] = first
@@ -165,22 +254,22 @@ def _assign_blocks(gm: fx.GraphModule) -> list[str]:
     for node in _compute_nodes(gm.graph):
         if node.op == "get_attr" and node.users:
             node.meta["popdist_block"] = next(iter(node.users)).meta["popdist_block"]
-    return order or [_ALL]
+    return order or [WHOLE_MODEL]
 
 
-def _resolve_stages(
+def resolve_stages(
     strategy: ExecutionStrategy | None,
     order: list[str],
     ipu_of: dict[str, int | None],
 ) -> list[StageSpec]:
     """Turn the strategy's stages (or one stage per block) into ``StageSpec``s."""
-    if order == [_ALL]:
+    if order == [WHOLE_MODEL]:
         if strategy is not None and strategy.stages:
             raise PipelineError(
                 f"{strategy!r} names blocks but the model has none: annotate it with "
                 "Block('B1') contexts or BeginBlock(module, 'B1')"
             )
-        return [StageSpec(0, 0, (_ALL,))]
+        return [StageSpec(0, 0, (WHOLE_MODEL,))]
     stages = (
         list(strategy.stages)
         if strategy is not None and strategy.stages
@@ -241,7 +330,7 @@ def _auto_stages(
     return stages
 
 
-def _check_devices(specs: list[StageSpec], num_devices: int) -> None:
+def check_devices(specs: list[StageSpec], num_devices: int) -> None:
     for spec in specs:
         if spec.ipu_id >= num_devices:
             raise PipelineError(
@@ -268,54 +357,74 @@ def _check_forward_flow(gm: fx.GraphModule, stage_of_block: dict[str, int]) -> N
                 )
 
 
-def _check_disjoint_parameters(specs: list[StageSpec]) -> None:
-    owner: dict[int, int] = {}
+ParameterUsers = dict[int, tuple[nn.Parameter, set[int]]]  # id -> (parameter, stages)
+
+
+def check_shared_parameters(users: ParameterUsers, specs: list[StageSpec]) -> None:
+    """A weight used by several stages must have them on one device (PopTorch's rule).
+
+    Shared on one ``ipu_id`` (tied embedding and decoder weights), its gradient is summed
+    from every use, as in plain torch; across devices PopTorch refuses the layout.
+    """
+    for param, stages in users.values():
+        by_ipu: dict[int, int] = {}
+        for index in sorted(stages):
+            by_ipu.setdefault(specs[index].ipu_id, index)
+        if len(by_ipu) > 1:
+            (ipu_a, a), (ipu_b, b) = sorted(by_ipu.items(), key=lambda kv: kv[1])[:2]
+            raise PipelineError(
+                f"a parameter of shape {tuple(param.shape)} is used by stage {a} and stage {b} "
+                f"on different devices (ipu {ipu_a} and ipu {ipu_b}); layers that share weights "
+                "must sit on one device, as PopTorch requires: give their blocks the same "
+                "ipu_id (e.g. the tied embedding and lm_head both ipu_id=0)"
+            )
+
+
+def _stage_parameters(specs: list[StageSpec]) -> ParameterUsers:
+    users: ParameterUsers = {}
     for spec in specs:
         params = list(spec.module.parameters()) if spec.module is not None else []
         params += [
             s.value for s in spec.inputs if s.kind == "attr" and isinstance(s.value, nn.Parameter)
         ]
         for p in params:
-            if owner.setdefault(id(p), spec.index) != spec.index:
-                raise PipelineError(
-                    f"a parameter of shape {tuple(p.shape)} is used by stage {owner[id(p)]} "
-                    f"and stage {spec.index}; weights shared across stages are not supported: "
-                    "put the blocks that use it on one stage"
-                )
+            users.setdefault(id(p), (p, set()))[1].add(spec.index)
+    return users
 
 
 def build_plan(
     model: nn.Module,
     strategy: ExecutionStrategy | None,
-    num_inputs: int,
+    bound: Bound,
     num_devices: int,
 ) -> StagePlan:
-    """Trace, validate and split ``model`` into the stages of ``strategy``."""
-    gm, ipu_of = trace(model, num_inputs)
+    """Trace, validate and split ``model`` into the stages of ``strategy``.
+
+    Raises :class:`Untraceable` when torch.fx cannot trace the forward.
+    """
+    gm, ipu_of = trace(model, bound)
     order = _assign_blocks(gm)
-    specs = _resolve_stages(strategy, order, ipu_of)
-    _check_devices(specs, num_devices)
+    specs = resolve_stages(strategy, order, ipu_of)
+    check_devices(specs, num_devices)
     stage_of_block = {b: s.index for s in specs for b in s.blocks}
     _check_forward_flow(gm, stage_of_block)
     split = split_module(
         gm, model, lambda n: stage_of_block[n.meta["popdist_block"]], tuple_return=True
     )
     values: dict[fx.Node, Source] = {}
-    getitems: dict[fx.Node, tuple[int, int]] = {}
-    placeholder_index = 0
     output: Any = None
     for node in split.graph.nodes:
         if node.op == "placeholder":
-            if placeholder_index < num_inputs:
-                values[node] = Source("input", index=placeholder_index)
-            else:
-                values[node] = Source("default", value=node.args[0] if node.args else None)
-            placeholder_index += 1
+            name = str(node.target)
+            values[node] = (
+                Source("input", index=bound.names.index(name))
+                if name in bound.names
+                else Source("default", value=bound.fixed.get(name))
+            )
         elif node.op == "get_attr":
             values[node] = Source("attr", value=_get_attr(split, str(node.target)))
         elif node.op == "call_module":
-            index = int(str(node.target).rsplit("_", 1)[1])
-            spec = specs[index]
+            spec = specs[int(str(node.target).rsplit("_", 1)[1])]
             spec.module = getattr(split, str(node.target))
             spec.inputs = [_source_of(a, values) for a in node.args]
             if node.kwargs:
@@ -326,7 +435,6 @@ def build_plan(
             stage = int(str(producer.target).rsplit("_", 1)[1])
             specs[stage].num_outputs = max(specs[stage].num_outputs, position + 1)
             values[node] = Source("stage", index=position, stage=stage)
-            getitems[node] = (stage, position)
         elif node.op == "output":
             output = _map_output(node.args[0], values)
         else:
@@ -335,10 +443,10 @@ def build_plan(
         for src in spec.inputs:
             if src.kind == "stage":
                 specs[src.stage].consumers.setdefault(src.index, []).append(spec.index)
-    _check_disjoint_parameters(specs)
+    check_shared_parameters(_stage_parameters(specs), specs)
     leaves: list[Source] = []
     _collect(output, leaves)
-    return StagePlan(specs, output, leaves, num_inputs, order)
+    return StagePlan(specs, output, leaves, len(bound.names), order)
 
 
 def _collect(structure: Any, leaves: list[Source]) -> None:
@@ -378,13 +486,22 @@ def _source_of(arg: Any, values: dict[fx.Node, Source]) -> Source:
     return Source("default", value=arg)
 
 
-def loss_source(plan: StagePlan) -> Source:
-    """The loss: the forward's return value if single, else its last element."""
+def loss_candidates(plan: StagePlan) -> list[Source]:
+    """Where the loss may be, best first: the output itself, a dict's ``"loss"``, or a
+    tuple's last then first element (``(logits, loss)`` and ``(loss, logits)``; which one
+    is decided on the values: the last unless it is not a scalar needing gradients and the
+    first is)."""
     out = plan.output
-    leaf = out[-1] if isinstance(out, (tuple, list)) and out else out
-    if not isinstance(leaf, Source) or leaf.kind != "stage":
+    if isinstance(out, dict):
+        found = [out["loss"]] if "loss" in out else []
+    elif isinstance(out, (tuple, list)) and out:
+        found = [out[-1], out[0]] if len(out) > 1 else [out[0]]
+    else:
+        found = [out]
+    found = [s for s in found if isinstance(s, Source) and s.kind == "stage"]
+    if not found:
         raise PipelineError(
             "training needs the model's forward to return the loss (a tensor computed by the "
-            "model) alone or as the last element of a tuple"
+            "model) alone, as the first or last element of a tuple, or under the key 'loss'"
         )
-    return leaf
+    return found

@@ -82,7 +82,7 @@ TOP_LEVEL: tuple[Row, ...] = (
     supported(P, "nop", "returns its input", OPS),
     supported(P, "dynamic_slice", "`tensor[start:start+size:step]` along `dim`", OPS),
     supported(P, "dynamic_update", "a copy of the input with `src` written at `start`", OPS),
-    no_op(P, "recomputationCheckpoint", "PopTorch recomputes activations from there; here there is no recomputation: returns its tensors", section=OPS),
+    supported(P, "recomputationCheckpoint", "returns its values (any nesting); a model staged at its blocks as it runs recomputes, with `torch.utils.checkpoint`, each `BeginBlock` module whose output it was given", OPS),
     supported(P, "serializedMatMul", "`lhs @ rhs`, computed whole", OPS),
     no_op(P, "set_available_memory", "PopTorch plans tile memory with it; there are no tiles: returns its tensor", section=OPS),
     no_op(P, "set_overlap_for_input", "PopTorch overlaps host I/O on IO tiles; there are none: returns its tensors", section=OPS),
@@ -181,6 +181,8 @@ GROUPS: tuple[Row, ...] = (
     supported(T, "accumulation_and_replication_reduction_type", "read (and assign): `ReductionType.Mean` or `Sum`"),
     supported(T, "meanAccumulationAndReplicationReductionStrategy", "read: what `setMeanAccumulationAndReplicationReductionStrategy` was given (default `Post`)"),
     no_op(T, "setMeanAccumulationAndReplicationReductionStrategy", "PopTorch chooses when a mean divides; the executor sums then divides once, which every strategy gives", lambda strategy: MeanReductionStrategy(strategy), key="meanAccumulationAndReplicationReductionStrategy"),
+    supported(T, "deterministicReduction", "project extension, not PopTorch's: the sum over replicas is the same bits whatever the split over instances and local replicas (as `poprun --deterministic-reduction`; [executor.md](executor.md))"),
+    supported(T, "deterministic_reduction", "project extension: read whether the deterministic reduction is on"),
     no_op(T, "setConvolutionDithering", "an IPU tile-placement choice", lambda enabled: bool(enabled)),
     no_op(T, "setAutomaticLossScaling", "PopTorch adapts a loss scale to keep float16 gradients in range; here float16 models keep float32 optimizer state and updates, and a fixed scale is the optimizer's `loss_scaling`", lambda enabled: bool(enabled), key="automatic_loss_scaling"),
     supported(D, "configureProcessId"),
@@ -190,7 +192,7 @@ GROUPS: tuple[Row, ...] = (
     supported(D, "numProcesses", "property"),
     supported(D, "num_distributed_processes", "read: the number of processes (PopTorch's value name; under poprun the instance count)"),
     supported(D, "distributed_process_id", "read: this process's index (under poprun the instance index)"),
-    supported(L, "setOptimizerLocation", "`useOnChipStorage(False)` keeps optimizer state in host memory between updates; reads back as `location_optimizer`"),
+    supported(L, "setOptimizerLocation", "`useOnChipStorage(False)` keeps optimizer state in host memory between updates; `useReplicatedTensorSharding(True)` shards it over the instances; reads back as `location_optimizer`"),
     no_op(L, "setActivationLocation", "PopTorch keeps activations on or off chip; they stay where torch computes them (kept as `location_activation`)", lambda location: location.toDict(), key="location_activation"),
     no_op(L, "setWeightLocation", "PopTorch keeps weights on or off chip; they stay in the user's module (kept as `location_weight`)", lambda location: location.toDict(), key="location_weight"),
     no_op(L, "setAccumulatorLocation", "PopTorch keeps accumulators on or off chip; accumulated gradients are the parameters' `.grad` (kept as `location_accumulator`)", lambda location: location.toDict(), key="location_accumulator"),
@@ -211,9 +213,9 @@ GROUPS: tuple[Row, ...] = (
 S = "TensorLocationSettings"
 LOCATION_SETTINGS: tuple[Row, ...] = (
     supported(S, "useOnChipStorage", "for `setOptimizerLocation`; `toDict()` has PopTorch's keys (`onChip`...)"),
-    refused(S, "useReplicatedTensorSharding", "every replica keeps the whole optimizer state; leave it off", when=lambda use=True: bool(use), when_text="for `True`"),
+    supported(S, "useReplicatedTensorSharding", "for `setOptimizerLocation`: the optimizer state is sharded over the instances, as torch's `ZeroRedundancyOptimizer` does: each instance keeps and updates the state of its share of the parameters and broadcasts them; the weights are those of the unsharded run, bit for bit (one instance: no effect); `toDict()` has PopTorch's key"),
     no_op(S, "minElementsForOffChip", "PopTorch's on-chip size threshold; there is no on-chip memory", lambda min_elements: min_elements),
-    no_op(S, "minElementsForReplicatedTensorSharding", "there is no replicated tensor sharding", lambda min_elements: min_elements),
+    supported(S, "minElementsForReplicatedTensorSharding", "with `useReplicatedTensorSharding(True)`: only the state of parameters with more elements than this is sharded; every instance updates the smaller ones itself"),
     no_op(S, "useIOTilesToLoad", "there are no IO tiles", lambda use=True: bool(use)),
     no_op(S, "useIOTilesToStore", "there are no IO tiles", lambda use=True: bool(use)),
 )
@@ -243,10 +245,22 @@ EXECUTOR: tuple[Row, ...] = (
     refused(E, "cycleCount", "there are no IPU cycles; time calls with time.perf_counter()"),
     refused(E, "compilationTime", "there is no compilation (isCompiled() says whether the model ran or compile() checked a batch)"),
     refused(E, "getPerfCounters", _NO_IPU),
-    refused(E, "getLatency", _NO_IPU),
+    supported(E, "getLatency", "`(min, max, mean)` in seconds of the last call's device iterations, each timed on the host from the start of reading its inputs to its outputs kept (training: after the optimizer step); `(0.0, 0.0, 0.0)` before the first call"),
     refused(E, "getHostIpuLatency", _NO_IPU),
     refused(E, "getComputeLatency", _NO_IPU),
     refused(E, "getIpuHostLatency", _NO_IPU),
+)
+
+PO = "poptorch.optim"
+OPTIMIZERS: tuple[Row, ...] = (
+    supported(PO, "SGD", "`torch.optim.SGD` with PopTorch's arguments (below)"),
+    supported(PO, "Adam", "`torch.optim.Adam` with PopTorch's arguments"),
+    supported(PO, "AdamW", "`torch.optim.AdamW` with PopTorch's arguments"),
+    supported(PO, "RMSprop", "`torch.optim.RMSprop` with PopTorch's arguments"),
+    supported(PO, "LAMB", "PopTorch's LAMB"),
+    supported(PO, "Optimizer", "the base class of every optimizer above: `isinstance(opt, poptorch.optim.Optimizer)`"),
+    supported(PO, "VariableAttributes", "the type of `variable_attrs`: `isConstant(attr)`, `markAsConstant(attr)`, `markAsVariable(attr)` (an unknown attribute raises `OptimizerError`)"),
+    supported("poptorch.optim.Optimizer", "variable_attrs", "as PopTorch: the attributes passed to the constructor (not `None`) are variable, the others constant; from a training model's first call, changing a constant attribute (in any param group) raises `OptimizerError` naming it and the fix, before the call runs; torch's own optimizers change freely"),
 )
 
 M = "optim"
@@ -339,6 +353,7 @@ NAMES: tuple[Row, ...] = (
     *GROUPS,
     *LOCATION_SETTINGS,
     *EXECUTOR,
+    *OPTIMIZERS,
     *OPTIMIZER_ARGUMENTS,
     *TORCH_OPS,
     *POPART,

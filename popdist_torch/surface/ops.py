@@ -13,6 +13,7 @@ cannot compile, runs as Python from a scripted model (``torch.jit.ignore``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -69,17 +70,26 @@ def ipu_print_tensor(
     )
 
 
-def _recomputation_checkpoint(*tensors: Any) -> Any:
-    """Return the tensors as given: there is no recomputation to checkpoint here.
+def _recomputation_checkpoint(*values: Any) -> Any:
+    """Return the values as given: a tensor, a tuple, a list, a dict, any nesting of them.
 
-    One tensor returns it, several a tuple, one list or tuple a copy of it, as PopTorch.
+    One value returns it (a list or tuple: a copy of the same type), several a tuple, as
+    PopTorch. It is a marker, so it takes whatever a forward or a forward hook passes (a
+    ``ModelOutput``, the traced values while a model is split into stages) and never
+    changes a number. A model staged at its blocks as it runs (``popdist_torch.pipeline``)
+    recomputes in backward the ``BeginBlock`` modules whose outputs it was given, as PopTorch
+    recomputes from a checkpoint: less memory, the same numbers; elsewhere activations are kept.
     """
-    if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
-        return type(tensors[0])(tensors[0])
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"recomputationCheckpoint takes tensors, got {type(t).__name__}")
-    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+    if len(values) == 1:
+        only = values[0]
+        out = type(only)(only) if type(only) in (tuple, list) else only
+    else:
+        out = tuple(values)
+    # Staging runs only once the pipeline package is loaded: no import for a plain model.
+    pipeline: Any = sys.modules.get("popdist_torch.pipeline")
+    if pipeline is not None:
+        pipeline.note_checkpoint(out)
+    return out
 
 
 # TorchScript cannot read annotated varying arguments: without annotations it takes them

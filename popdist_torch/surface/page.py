@@ -95,6 +95,11 @@ SECTIONS: tuple[tuple[str, str, tuple[Row, ...]], ...] = (
         tuple(r for r in NAMES if r.owner == "PoplarExecutor"),
     ),
     (
+        "Optimizers (`poptorch.optim`)",
+        "Every argument of their constructors, PopTorch's and torch's, takes `None` as its default (`Adam(params, betas=None, eps=None)`), as PopTorch's.",
+        tuple(r for r in NAMES if r.owner.startswith("poptorch.optim")),
+    ),
+    (
         "Optimizer arguments (`poptorch.optim`: `SGD`, `Adam`, `AdamW`, `RMSprop`)",
         "PopTorch's extra arguments of its optimizers; torch's own are torch's. A refused value raises `OptimizerError` (a `ValueError`).",
         tuple(r for r in NAMES if r.owner == "optim"),

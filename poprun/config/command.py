@@ -30,6 +30,10 @@ def _command(**values: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
     if values.pop("version"):
         sys.stdout.write(f"poprun {__version__} (PopRun-compatible launcher on Open MPI)\n")
         raise typer.Exit(0)
+    if values.pop("check_build"):
+        from poprun import check_build
+
+        raise typer.Exit(check_build.check())
     if values.pop("vv"):
         values["verbose"] = max(values["verbose"], 2)
     return values, tuple(program or ())
@@ -58,10 +62,11 @@ def _parameters() -> list[inspect.Parameter]:
             hidden=option.hidden,
         )
         params.append(param(option.key, list[str] | None if option.multiple else str | None, info))
-    (verbose, verbose_help), (vv, vv_help), (version, version_help), _ = FLAGS
+    (verbose, verbose_help), (vv, vv_help), (version, version_help), _, (check, check_help) = FLAGS
     params.append(param("verbose", int, typer.Option(*verbose, count=True, help=verbose_help), 0))
     params.append(param("vv", bool, typer.Option(*vv, help=vv_help), False))
     params.append(param("version", bool, typer.Option(*version, help=version_help), False))
+    params.append(param("check_build", bool, typer.Option(*check, help=check_help), False))
     return params
 
 

@@ -320,6 +320,11 @@ OPTIONS: tuple[Option, ...] = (
         attribute="backend",
         always=True,
     ),
+    _yes_no(
+        "deterministic_reduction",
+        "sum gradients over replicas in global replica order: the same weights, bit for bit, "
+        "whatever the split over instances (slower; exported)",
+    ),
     Option(
         "executable_cache_path",
         parse_absolute_directory,
@@ -445,6 +450,11 @@ FLAGS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--vv",), "same as -vv"),
     (("--version",), "print the version"),
     (("-h", "--help"), "show this message"),
+    (
+        ("--check-build",),
+        "print what this installation can run (versions, backends, GPUs, Slurm, ssh); "
+        "exit 0 when a job can run",
+    ),
 )
 
 

@@ -61,6 +61,8 @@ class RunConfig:
     process_placement: str = "spreadnuma"
     offline_mode: bool = False
     backend: str = BACKENDS[0]
+    #: ``--deterministic-reduction``: exported as ``POPDIST_DETERMINISTIC_REDUCTION=1``.
+    deterministic_reduction: bool = False
     executable_cache_path: str | None = None
     host_subnet: str | None = None
     timeout: float | None = None

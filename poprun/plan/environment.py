@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 
 from popdist import env as contract
 from poprun.config.run_config import RunConfig
-from poprun.errors import PoprunError
 from poprun.plan.devices import VISIBLE_DEVICES, instance_devices
 from poprun.plan.hosts import is_local
 from poprun.plan.topology import InstancePlan
@@ -80,6 +79,8 @@ def shared_values(config: RunConfig) -> dict[str, str]:
         values[contract.PROGRESS_STACKS] = f"{config.hang_timeout / 2:g}"
     if config.executable_cache_path:
         values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
+    if config.deterministic_reduction:
+        values[contract.DETERMINISTIC_REDUCTION] = "1"
     if config.min_hosts is not None:  # the supervisor sets it at each launch
         values[contract.GENERATION] = "0"
     if config.allocation is None and any(not is_local(h) for h in config.hosts):  # the lease
@@ -94,30 +95,19 @@ def instance_values(
 
     ``device_pool`` is the user's ``CUDA_VISIBLE_DEVICES`` list (``None``: ordinals).
     """
-    uneven: dict[str, int] = {}
-    if config.num_replicas % config.num_instances:  # hosts lost: some instances get one more
-        uneven = {
-            "num_local_replicas": plan.num_local_replicas,
-            "replica_index_offset": plan.replica_offset,
-        }
-    try:
-        values = contract.instance_environment(
-            num_total_replicas=config.num_replicas,
-            num_ipus_per_replica=config.ipus_per_replica,
-            num_instances=config.num_instances,
-            instance_index=plan.index,
-            local_instance_index=plan.local_index,
-            num_local_instances=plan.num_local_instances,
-            host=plan.host,
-            offline_mode=config.offline_mode,
-            **uneven,  # type: ignore[arg-type]  # the contract's per-instance counts (issue 31)
-        )  # the cache path is shared: it goes by name (shared_values)
-    except TypeError:  # a contract without per-instance replica counts
-        raise PoprunError(
-            "--num-replicas", config.num_replicas,
-            f"cannot be split unevenly over {config.num_instances} instances by this popdist",
-            "use a replica count that the instances left divide",
-        ) from None  # fmt: skip
+    uneven = bool(config.num_replicas % config.num_instances)  # hosts lost: one more on some
+    values = contract.instance_environment(
+        num_total_replicas=config.num_replicas,
+        num_ipus_per_replica=config.ipus_per_replica,
+        num_instances=config.num_instances,
+        instance_index=plan.index,
+        local_instance_index=plan.local_index,
+        num_local_instances=plan.num_local_instances,
+        host=plan.host,
+        offline_mode=config.offline_mode,
+        num_local_replicas=plan.num_local_replicas if uneven else None,
+        replica_index_offset=plan.replica_offset if uneven else None,
+    )  # the cache path is shared: it goes by name (shared_values)
     values[VISIBLE_DEVICES] = instance_devices(plan, device_pool)
     return values
 

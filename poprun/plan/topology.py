@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from popdist.env import split_replicas
 from poprun.config.run_config import RunConfig
 from poprun.plan.slurm import SlurmAllocation
 
@@ -101,13 +102,6 @@ def plan(config: RunConfig, numa_nodes: Mapping[str, int] | None = None) -> Topo
         explicit_hosts=bool(config.hosts),
         allocation=config.allocation,
     )
-
-
-def split_replicas(replicas: int, instances: int) -> tuple[int, ...]:
-    """Replicas on each instance, contiguous: the same number each, and where that does not
-    divide, the first ``replicas % instances`` instances get one more."""
-    share, more = divmod(replicas, instances)
-    return tuple(share + (index < more) for index in range(instances))
 
 
 def on_hosts(config: RunConfig, hosts: tuple[str, ...]) -> RunConfig:

@@ -10,7 +10,11 @@ host that fails, before anything is launched. ``--ssh-check=no`` skips it.
 The check's connections are not thrown away: each becomes an ssh master (``ControlMaster``,
 socket in a private directory) and mpirun's agent becomes ``AGENT -o ControlPath=...`` in
 its environment (:meth:`SharedConnections.env`), so Open MPI's daemons start over the
-connection the check opened instead of a second handshake: the check costs no launch time.
+connection the check opened instead of a second handshake. Such a check logs in only
+(``ssh -N``: it returns once authenticated, the master stays) and runs nothing remotely:
+before issue 33 it ran ``true`` in a remote session too, a session setup mpirun's daemon
+start then repeated (the check cost 1.08-1.11x bare mpirun's 2-host launch against
+1.01-1.04x without it).
 Not done when ``--mca plm_rsh_agent`` in the mpirun args chose the agent (it outranks the
 environment) or the agent sets a ``ControlPath`` itself. poprun closes the masters when the
 job ends (``ssh -O exit``); one left by a killed poprun exits after :data:`PERSIST_S` idle
@@ -78,9 +82,18 @@ def launched_by_scheduler(environ: Mapping[str, str], global_args: Sequence[str]
 
 
 def unreachable(
-    hosts: Sequence[str], command: Sequence[str], timeout: float = CONNECT_TIMEOUT_S
+    hosts: Sequence[str],
+    command: Sequence[str],
+    timeout: float = CONNECT_TIMEOUT_S,
+    *,
+    masters: bool = False,
 ) -> list[tuple[str, str]]:
     """``(host, why)`` for each host where ``COMMAND -o ... HOST true`` fails, in host order.
+
+    With ``masters`` (``command`` opens persistent master connections) the try is
+    ``COMMAND -o ... -N HOST``: ssh returns as soon as it has logged in, leaving the master
+    behind, and no remote session is started for ``true`` (one session setup less before
+    mpirun's own, issue 33). Without a master, ``-N`` would never return: ``true`` stays.
 
     All hosts are tried at once; a try still running after ``timeout`` plus a little is
     killed (its own process group) and counted as failed.
@@ -91,7 +104,7 @@ def unreachable(
     for host in hosts:
         try:
             procs[host] = subprocess.Popen(
-                [*base, host, "true"],
+                [*base, "-N", host] if masters else [*base, host, "true"],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
@@ -131,16 +144,27 @@ class SharedConnections:
         return {"OMPI_MCA_plm_rsh_agent": shlex.join([*self.command, *self.option()])}
 
     def close(self) -> None:
-        """Stop every master (``ssh -O exit``) and remove their directory."""
+        """Stop every master (``ssh -O exit``, all hosts at once) and remove their directory."""
+        stopping = []
         for host in self.hosts:
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run(
-                    [*self.command, *self.option(), "-O", "exit", host],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    timeout=CONNECT_TIMEOUT_S,
+            with contextlib.suppress(OSError):
+                stopping.append(
+                    subprocess.Popen(
+                        [*self.command, *self.option(), "-O", "exit", host],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
                 )
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        for proc in stopping:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # its own group: ours alone
+                proc.wait()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
@@ -165,17 +189,18 @@ def check(
         shared = SharedConnections(command, hosts, leftovers.private_dir("poprun-ssh-"))
         masters = [*shared.option(), "-o", "ControlMaster=auto"]
         command = [*command, *masters, "-o", f"ControlPersist={PERSIST_S}"]
-    bad = unreachable(hosts, command)
+    bad = unreachable(hosts, command, masters=shared is not None)
     if not bad:
         return shared
     if shared is not None:
         shared.close()
     host, why = bad[0]
     others = f" (also unreachable: {', '.join(h for h, _ in bad[1:])})" if bad[1:] else ""
+    tried = f"{shown} -N {shlex.quote(host)}" if shared else f"{shown} {shlex.quote(host)} true"
     raise PoprunError(
         "--host",
         host,
-        f"cannot be reached by ssh: `{shown} {shlex.quote(host)} true` failed: {why}{others}",
+        f"cannot be reached by ssh: `{tried}` failed: {why}{others}",
         "check the host name, that sshd runs there and that key login works without a "
         "password; or pass --ssh-check=no to let mpirun try anyway",
     )

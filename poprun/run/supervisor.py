@@ -101,6 +101,7 @@ def supervise(
                     attempt.board.snapshot,
                     instances=len(topology.instances),
                     started=time.monotonic(),
+                    notes=lambda attempt=attempt: attempt.progress.notes,  # type: ignore[misc]
                 )
             evidence = attempt.run()
             if watch is not None and config.min_hosts is not None:

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.launch
 FAKE_SSH = """#!/bin/sh
 # A stand-in ssh: log the call; refuse the hosts listed in $REFUSE.
 echo "$@" >> "$SSH_LOG"
+# the host: the last argument, or the one before a remote command ("HOST true")
 for arg in "$@"; do host=$prev; prev=$arg; done
+[ "$prev" = true ] || host=$prev
 for bad in $REFUSE; do
     if [ "$host" = "$bad" ]; then
         echo "ssh: connect to host $host port 22: Connection refused" >&2
@@ -51,6 +53,19 @@ def test_unreachable_hosts_are_named_in_host_order(
     assert "Connection refused" in bad[0][1]
     calls = sorted(log.read_text().splitlines())
     assert calls == [f"-o BatchMode=yes -o ConnectTimeout=2 {h} true" for h in ("n1", "n2", "n3")]
+
+
+def test_a_check_that_opens_masters_only_logs_in(
+    fake_ssh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With masters, ``ssh -N HOST``: no remote session for ``true`` before mpirun's own."""
+    log = tmp_path / "calls"
+    monkeypatch.setenv("SSH_LOG", str(log))
+    monkeypatch.setenv("REFUSE", "n2")
+    bad = reach.unreachable(["n1", "n2"], [str(fake_ssh)], timeout=2, masters=True)
+    assert [host for host, _ in bad] == ["n2"]
+    calls = sorted(log.read_text().splitlines())
+    assert calls == [f"-o BatchMode=yes -o ConnectTimeout=2 -N {h}" for h in ("n1", "n2")]
 
 
 def test_a_host_that_never_answers_is_unreachable(tmp_path: Path) -> None:
@@ -120,13 +135,16 @@ def test_poprun_names_the_unreachable_host_and_launches_nothing(
     assert len(lines) == 1 and lines[0].startswith("poprun: error: --host=nodeB: "), lines
     assert "ssh" in lines[0] and "Connection refused" in lines[0] and "--ssh-check=no" in lines[0]
     assert not marker.exists()
-    # Both hosts were tried at once, and only the check ran: no orted was started by ssh;
-    # the rest is the clean-up of the check's master connections.
+    # Both hosts were tried at once (logging in only: -N, the masters stay for mpirun), and
+    # only the check ran: no orted was started by ssh; the rest is the clean-up of the
+    # check's master connections.
     calls = (tmp_path / "calls").read_text().splitlines()
-    tried = [line.split()[-2] for line in calls if line.endswith(" true")]
+    tried = [line.split()[-1] for line in calls if line.split()[-2] == "-N"]
     assert sorted(tried) == ["nodeA", "nodeB"], calls
-    cleanup = [line for line in calls if not line.endswith(" true")]
-    assert all(line.split()[-3:-1] == ["-O", "exit"] for line in cleanup), calls
+    assert all("ControlMaster=auto" in line for line in calls if line.split()[-2] == "-N")
+    cleanup = [line for line in calls if line.split()[-2] != "-N"]
+    assert cleanup and all(line.split()[-3:-1] == ["-O", "exit"] for line in cleanup), calls
+    assert "-N nodeB`" in lines[0]
 
 
 def test_ssh_check_no_skips_it(fake_ssh: Path, tmp_path: Path) -> None:

@@ -215,24 +215,9 @@ def test_the_trainer_is_lightnings_otherwise() -> None:
         pl.Trainer(ipus=4)  # type: ignore[call-arg]
 
 
-class _EpochEnd(Classifier):
-    def training_epoch_end(self, outputs: Any) -> None:
-        pass
-
-
 class _StepEnd(Classifier):
     def training_step_end(self, outputs: Any) -> Any:  # silently skipped by Lightning 2 alone
         return outputs
-
-
-class _ValidationEpochEnd(Classifier):
-    def validation_epoch_end(self, outputs: Any) -> None:
-        pass
-
-
-class _TestEpochEnd(Classifier):
-    def test_epoch_end(self, outputs: Any) -> None:
-        pass
 
 
 class _OnEpochEnd(pl.Callback):
@@ -243,10 +228,7 @@ class _OnEpochEnd(pl.Callback):
 @pytest.mark.parametrize(
     ("module", "run", "callbacks", "hook", "replacement"),
     [
-        (_EpochEnd, "fit", [], "training_epoch_end", "on_train_epoch_end"),
         (_StepEnd, "fit", [], "training_step_end", "training_step"),
-        (_ValidationEpochEnd, "validate", [], "validation_epoch_end", "on_validation_epoch_end"),
-        (_TestEpochEnd, "test", [], "test_epoch_end", "on_test_epoch_end"),
         (Classifier, "fit", [_OnEpochEnd()], "_OnEpochEnd.on_epoch_end", "on_train_epoch_end"),
     ],
 )
@@ -265,12 +247,110 @@ def test_no_removed_name_is_defined_by_lightning_itself() -> None:
     """The hook check would refuse every module if Lightning 2 defined one of the names."""
     from lightning.pytorch import callbacks
 
+    from popdist_lightning.epoch_outputs import EPOCH_END_HOOKS
     from popdist_lightning.legacy import REMOVED_HOOKS, REMOVED_TRAINER_ARGUMENTS
 
     owners = [pl.LightningModule, pl.Callback, *vars(callbacks).values()]
-    assert not [(o, h) for o in owners for h in REMOVED_HOOKS if hasattr(o, h)]
+    hooks = [*REMOVED_HOOKS, *EPOCH_END_HOOKS]
+    assert not [(o, h) for o in owners for h in hooks if hasattr(o, h)]
     accepted = set(inspect.signature(pl.Trainer.__init__).parameters)
     assert not set(REMOVED_TRAINER_ARGUMENTS) & accepted
+
+
+class _EpochEnds(Classifier):
+    """A Lightning 1.9 module: its epoch-end hooks take the step outputs."""
+
+    def __init__(self, batch_size: int, validation_loaders: int = 1) -> None:
+        super().__init__(batch_size)
+        self.validation_loaders = validation_loaders
+        self.calls: list[tuple[str, Any]] = []
+        self.step_losses: list[torch.Tensor] = []
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        x, y = batch
+        correct = (self(x).argmax(-1) == y).sum()
+        return {"correct": correct, "loader": torch.full_like(correct, dataloader_idx)}
+
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        # None is left out of the outputs, as Lightning 1.9 did
+        return torch.tensor(float(batch_idx)) if batch_idx % 2 else None
+
+    def val_dataloader(self) -> Any:
+        loaders = [self._loader() for _ in range(self.validation_loaders)]
+        return loaders[0] if self.validation_loaders == 1 else loaders
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.step_losses.append(outputs["loss"])
+
+    def training_epoch_end(self, outputs: Any) -> None:
+        self.calls.append(("training_epoch_end", outputs))
+
+    def on_train_epoch_end(self) -> None:
+        self.calls.append(("on_train_epoch_end", None))
+
+    def validation_epoch_end(self, outputs: Any) -> None:
+        self.calls.append(("validation_epoch_end", outputs))
+        self.log("val_correct", float(sum(int(o["correct"].sum()) for o in _flat(outputs))))
+
+    def test_epoch_end(self, outputs: Any) -> None:
+        self.calls.append(("test_epoch_end", outputs))
+
+
+def _flat(outputs: list[Any]) -> list[Any]:
+    return [o for item in outputs for o in (item if isinstance(item, list) else [item])]
+
+
+def test_lightning1_epoch_end_hooks_get_the_step_outputs() -> None:
+    module = _EpochEnds(MICRO)
+    trainer = _trainer(
+        IPUStrategy(),
+        devices=2,
+        max_epochs=2,
+        num_sanity_val_steps=0,
+        limit_train_batches=3,
+        limit_val_batches=2,
+    )
+    with pytest.warns(UserWarning, match=r"training_epoch_end\(outputs\) is a Lightning 1.x hook"):
+        trainer.fit(module)
+    names = [name for name, _ in module.calls]
+    epoch = ["validation_epoch_end", "training_epoch_end", "on_train_epoch_end"]
+    assert names == epoch * 2  # each epoch: validation inside it, then 1.9's order
+    first, second = module.calls[1][1], module.calls[4][1]
+    assert len(first) == len(second) == 3 and trainer.global_step == 6
+    assert [o["loss"] for o in first + second] == module.step_losses  # each step's own loss
+    assert all(set(o) == {"loss"} and not o["loss"].requires_grad for o in first)
+    validation = module.calls[0][1]
+    assert len(validation) == 2 and {i for o in validation for i in o["loader"].tolist()} == {0}
+    correct = sum(int(o["correct"].sum()) for o in module.calls[3][1])
+    assert trainer.callback_metrics["val_correct"] == correct  # self.log works in the hook
+
+
+def test_lightning1_epoch_end_hooks_with_two_loaders_and_none_outputs() -> None:
+    module = _EpochEnds(MICRO, validation_loaders=2)
+    trainer = _trainer(IPUStrategy(), devices=2, limit_val_batches=3, limit_test_batches=6)
+    trainer.validate(module)
+    trainer.test(module)
+    (_, validation), (_, test) = module.calls
+    steps = 3
+    assert [len(outputs) for outputs in validation] == [steps, steps]
+    loaders = [{i for o in outputs for i in o["loader"].tolist()} for outputs in validation]
+    assert loaders == [{0}, {1}]
+    assert [float(o.flatten()[0]) for o in test] == [1.0, 3.0, 5.0]
+
+
+class _PredictResults(Classifier):
+    def on_predict_epoch_end(self, results: Any) -> None:  # Lightning 1.9's form
+        self.results = results
+
+
+def test_lightning1_on_predict_epoch_end_gets_the_predictions() -> None:
+    module = _PredictResults(MICRO)
+    trainer = _trainer(IPUStrategy(), devices=2, limit_predict_batches=3)
+    with pytest.warns(UserWarning, match=r"on_predict_epoch_end\(results\) is Lightning 1.x"):
+        predictions = trainer.predict(module)
+    assert predictions is not None and len(module.results) == 1  # one list per dataloader
+    assert len(module.results[0]) == 3
+    assert all(torch.equal(a, b) for a, b in zip(module.results[0], predictions, strict=True))
 
 
 class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]

@@ -14,9 +14,18 @@ def as_instance(
     instances: int,
     index: int,
     ipus_per_replica: int = 1,
+    uneven: bool = False,
 ) -> None:
     """This process becomes instance ``index`` of ``instances`` on one host, sharing
-    ``replicas`` replicas of ``ipus_per_replica`` IPUs."""
+    ``replicas`` replicas of ``ipus_per_replica`` IPUs (``uneven``: split as poprun splits
+    replicas that do not divide, the first ``replicas % instances`` holding one more)."""
+    split = {}
+    if uneven:
+        counts = env.split_replicas(replicas, instances)
+        split = {
+            "num_local_replicas": counts[index],
+            "replica_index_offset": sum(counts[:index]),
+        }
     for name, value in env.instance_environment(
         num_total_replicas=replicas,
         num_ipus_per_replica=ipus_per_replica,
@@ -25,5 +34,6 @@ def as_instance(
         local_instance_index=index,
         num_local_instances=instances,
         host="localhost",
+        **split,
     ).items():
         monkeypatch.setenv(name, value)

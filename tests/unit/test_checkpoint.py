@@ -236,3 +236,62 @@ def test_resuming_a_data_order_on_another_topology_is_refused(tmp_path: Path) ->
     with pytest.raises(CheckpointError, match=r"cannot resume.*skip or repeat samples"):
         load_checkpoint(tmp_path / "c.pt", model=model, dataloader=other)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_save_from_an_older_generation_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = net()
+    path = tmp_path / "c.pt"
+    monkeypatch.setenv("POPDIST_GENERATION", "2")
+    save_checkpoint(path, model=model, step=4)
+    assert read_checkpoint(path)["generation"] == 2
+    assert (tmp_path / ".c.pt.generation").read_text() == "2\n"
+    monkeypatch.setenv("POPDIST_GENERATION", "1")  # an instance the relaunch left out
+    with pytest.raises(CheckpointError, match=r"generation 1 .* but generation 2 has written"):
+        save_checkpoint(path, model=model, step=9)
+    assert read_checkpoint(path)["step"] == 4  # the survivors' checkpoint is untouched
+    monkeypatch.setenv("POPDIST_GENERATION", "3")
+    save_checkpoint(path, model=model, step=10)
+    assert (read_checkpoint(path)["step"], (tmp_path / ".c.pt.generation").read_text()) == (
+        10,
+        "3\n",
+    )
+    monkeypatch.delenv("POPDIST_GENERATION")  # no generation at all reads as 0: refused too
+    with pytest.raises(CheckpointError, match="generation 0"):
+        save_checkpoint(path, model=model, step=11)
+
+
+def test_host_field_places_each_hosts_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from popdist_torch.host_copies import resolve
+
+    monkeypatch.setenv("POPDIST_HOST", "node7")
+    assert resolve(tmp_path / "{host}" / "c.pt") == tmp_path / "node7" / "c.pt"
+    assert resolve(tmp_path / "c.pt") == tmp_path / "c.pt"
+    (tmp_path / "node7").mkdir()
+    save_checkpoint(tmp_path / "{host}" / "c.pt", model=net(), step=3)
+    assert read_checkpoint(tmp_path / "node7" / "c.pt")["step"] == 3
+
+
+def test_resume_takes_no_damaged_copy(tmp_path: Path) -> None:
+    from popdist_torch.checkpoint import resume_checkpoint
+
+    model = net()
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, model=model, step=5)
+    assert resume_checkpoint(path, model=net()) == 5
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match="looking for another host's copy"):
+        assert resume_checkpoint(path, model=net()) == 0  # no other host holds one
+
+
+def test_the_newest_copy_is_the_newest_generation_then_step() -> None:
+    from popdist_torch.host_copies import choose
+
+    assert choose([None, None]) is None
+    assert choose([None, (0, 3), (0, 3)]) == ((0, 3), 1)
+    # a cut-off host saved on alone (generation 0, step 9): the survivors' copy wins
+    assert choose([(0, 9), (1, 6), None]) == ((1, 6), 1)
+    assert choose([(1, 5), (1, 6), (1, 6)]) == ((1, 6), 1)

@@ -16,7 +16,7 @@ import popdist
 from popdist import collectives, env
 from popdist.collectives import LOCAL, REGISTRY, CollectiveError, lifecycle, mpilane
 from popdist.collectives.local import LocalCollectives
-from popdist.collectives.registry import BackendSpec, Capabilities
+from popdist.collectives.registry import AUTO, PREFERENCE, BackendSpec, Capabilities
 from popdist_torch.execution.reducer import broadcast_state, connect
 from tests.support.jobs import ROOT
 
@@ -33,6 +33,7 @@ def _one_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lifecycle._Run, "objects", {})
     monkeypatch.setattr(lifecycle._Run, "started", None)
     monkeypatch.setattr(lifecycle._Run, "spent", False)
+    monkeypatch.setattr(lifecycle._Run, "auto", None)
     monkeypatch.setattr(lifecycle._Run, "atexit_registered", True)
 
 
@@ -86,7 +87,8 @@ def test_import_popdist_imports_no_backend_module_nor_heavy_library() -> None:
 def test_reading_capabilities_imports_no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("popdist.collectives.horovod", "popdist.collectives.torchdist", "horovod"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    assert not collectives.capabilities(2).restartable  # Horovod, the default
+    monkeypatch.setenv(env.BACKEND, "horovod")  # named: auto would probe the backends
+    assert not collectives.capabilities(2).restartable
     monkeypatch.setenv(env.BACKEND, "torch")
     assert collectives.capabilities(2).reduces_on("cuda")
     assert "popdist.collectives.horovod" not in sys.modules
@@ -103,7 +105,8 @@ def test_a_factory_imports_the_backends_module_not_its_library(
 
 
 def test_every_choosable_backend_is_registered_and_named_alike() -> None:
-    assert set(env.BACKENDS) | {LOCAL} == set(REGISTRY)
+    assert set(env.BACKENDS) - {AUTO} | {LOCAL} == set(REGISTRY)
+    assert env.BACKENDS[0] == AUTO and set(PREFERENCE) == set(env.BACKENDS) - {AUTO}
     for name, spec in REGISTRY.items():
         created = spec.create()
         assert (spec.name, created.name) == (name, name)
@@ -169,7 +172,7 @@ def test_one_instance_gets_the_local_backend_and_starts_nothing(
     assert collectives.capabilities().reduces_on("cuda")
     assert popdist.execute_on_instances({0}, lambda: 5) == 5
     assert not popdist.isBackendInitialized()
-    assert collectives.active() == "horovod"  # what an explicit popdist.init() would start
+    assert collectives.active() == "torch"  # what an explicit init() would start: auto, no Horovod
 
 
 def test_a_world_of_one_inside_a_larger_run_is_local_too(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,6 +209,7 @@ def _fake_horovod(monkeypatch: pytest.MonkeyPatch, **capabilities: Any) -> None:
         Capabilities(frozenset({"cpu"}), **capabilities),
     )
     monkeypatch.setitem(REGISTRY, "horovod", spec)
+    monkeypatch.setenv(env.BACKEND, "horovod")  # named: auto would ask the other ranks over MPI
 
 
 def test_an_explicit_init_in_one_process_still_starts_the_chosen_backend(

@@ -448,3 +448,41 @@ def test_resume_on_another_topology_is_exact_with_the_topology_invariant_order()
 def _resumed(loader: DataLoader, state: dict) -> DataLoader:
     loader.load_state_dict(state)
     return loader
+
+
+def test_an_uneven_split_gives_each_instance_its_replicas_samples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """6 replicas as (2, 2, 1, 1): combined batches follow each instance's replicas, and the
+    topology-invariant order gives every global replica what 1 instance × 6 gives it."""
+    import popdist
+    import popdist.poptorch
+    from tests.support.instance_env import as_instance
+
+    def replica_samples(local: int, first: int, batches: list[list[int]]) -> dict:  # type: ignore[type-arg]
+        out = {}
+        for step, batch in enumerate(batches):
+            for r in range(local):
+                out[(step, first + r)] = batch[r * 2 : (r + 1) * 2]
+        return out
+
+    def load(**kw: Any) -> list[list[int]]:
+        opts = popdist.poptorch.Options().randomSeed(5)
+        loader = DataLoader(
+            opts, Indices(50), batch_size=2, shuffle=True, order="topology_invariant", **kw
+        )
+        return [b.tolist() for b in loader]
+
+    whole = {}
+    seen: dict[tuple[int, int], list[int]] = {}
+    for index in range(4):
+        as_instance(monkeypatch, replicas=6, instances=4, index=index, uneven=True)
+        local, first = popdist.getNumLocalReplicas(), popdist.getReplicaIndexOffset()
+        assert (local, first) == [(2, 0), (2, 2), (1, 4), (1, 5)][index]
+        assert popdist.getDeviceId() == 8 + index  # groups of 2 devices, sized for the largest
+        batches = load()
+        assert len(batches) == 50 // 12 and {len(b) for b in batches} == {2 * local}
+        seen.update(replica_samples(local, first, batches))
+    as_instance(monkeypatch, replicas=6, instances=1, index=0)
+    whole = replica_samples(6, 0, load())
+    assert seen == whole

@@ -452,3 +452,57 @@ def test_keyword_inputs_constants_and_dict_outputs(r: int) -> None:
 
     with pytest.raises(poptorch.ExecutorError, match="In the input 'y', the batch dimension"):
         wrapped(x, 1.5, bias=bias, y=y[:-1])
+
+
+@pytest.mark.parametrize(("di", "r", "ga"), [(1, 4, 1), (2, 3, 2)])
+def test_deterministic_reduction_matches_plain_torch(di: int, r: int, ga: int) -> None:
+    torch.manual_seed(0)
+    model = Classifier()
+    ref = copy.deepcopy(model)
+    micro = 5
+    x, y = _data(di * ga * r * micro)
+    opts = _options(di, r, ga)
+    opts.Training.deterministicReduction()
+    assert opts.Training.deterministic_reduction
+    wrapped = poptorch.trainingModel(model, opts, OPTIMIZERS["adamw"](model))
+    assert type(wrapped.replica_runner).__name__ == "DeterministicReplicaRunner"
+    for _ in range(2):
+        wrapped(x, y)
+    _reference(ref, OPTIMIZERS["adamw"], torch.cat([x, x]), torch.cat([y, y]), 2 * di)
+    _assert_same_weights(model, ref)
+
+
+def test_deterministic_reduction_sums_replicas_in_a_fixed_order() -> None:
+    """The update is the sum, replica 0 first, of each replica's own gradient (scaled by
+    1 / replicas), whatever their order of arrival; Sum reduction scales by 1."""
+    torch.manual_seed(3)
+    model = Classifier()
+    start = copy.deepcopy(model)
+    x, y = _data(3 * 2)
+    opts = _options(r=3)
+    opts.Training.deterministicReduction()
+    opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Sum)
+    poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=1.0))(x, y)
+    rows = []
+    for i in range(3):
+        replica = copy.deepcopy(start)
+        F.cross_entropy(replica(x[2 * i : 2 * i + 2]), y[2 * i : 2 * i + 2]).backward()
+        rows.append([p.grad for p in replica.parameters()])
+    for k, (p, q) in enumerate(zip(model.parameters(), start.parameters(), strict=True)):
+        total = rows[0][k].clone()
+        for row in rows[1:]:
+            total = total + row[k]
+        assert torch.equal(p.detach(), q.detach() - total)
+
+
+def test_deterministic_reduction_refuses_a_staged_model() -> None:
+    from popdist_torch.pipeline import BeginBlock, ShardedExecution, Stage
+
+    model = nn.Sequential(BeginBlock(nn.Linear(6, 3), "B1", ipu_id=0))
+    opts = _options()
+    opts.setExecutionStrategy(ShardedExecution(Stage("B1").ipu(0)))
+    opts.Training.deterministicReduction()
+    with pytest.raises(poptorch.ExecutorError, match="deterministicReduction"):
+        poptorch.trainingModel(model, opts)
+    with pytest.raises(poptorch.OptionsError, match=r"deterministicReduction\('yes'\)"):
+        poptorch.Options().Training.deterministicReduction("yes")  # type: ignore[arg-type]

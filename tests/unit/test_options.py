@@ -71,7 +71,6 @@ def test_setters_chain_and_read_back() -> None:
         (lambda o: o.replicationFactor(-1), r"replicationFactor\(-1\)"),
         (lambda o: o.Training.gradientAccumulation(1.5), r"gradientAccumulation\(1.5\)"),
         (lambda o: o.outputMode(poptorch.OutputMode.EveryN), r"output_return_period"),
-        (lambda o: o.outputMode(poptorch.OutputMode.All, 3), r"only applies to OutputMode.EveryN"),
         (lambda o: o.outputMode(9), r"expected an OutputMode"),
         (
             lambda o: o.Training.accumulationAndReplicationReductionType(

@@ -353,7 +353,9 @@ def test_nested_blocks_are_rejected() -> None:
         StageRunner(Nested(), ShardedExecution(), num_devices=1).forward([(torch.ones(1),)])
 
 
-def test_untraceable_forward_is_a_clear_error() -> None:
+def test_untraceable_forward_runs_staged_at_its_blocks() -> None:
+    """Control flow on a tensor value defeats torch.fx: the model is staged as it runs."""
+
     class Branchy(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             with Block("A"):
@@ -361,8 +363,10 @@ def test_untraceable_forward_is_a_clear_error() -> None:
                     return x
                 return -x
 
-    with pytest.raises(PipelineError, match=r"torch\.fx could not trace its forward"):
-        StageRunner(Branchy(), ShardedExecution(), num_devices=1).forward([(torch.ones(1),)])
+    runner = StageRunner(Branchy(), ShardedExecution(), num_devices=1)
+    out = runner.forward([(torch.ones(1),), (-torch.ones(1),)])
+    assert runner.staged_at_run_time()
+    assert [o.item() for o in out] == [1.0, 1.0]
 
 
 def test_weights_shared_across_stages_are_rejected() -> None:

@@ -167,13 +167,15 @@ def test_getters_follow_the_environment_as_it_changes(monkeypatch: pytest.Monkey
 # --- backend --------------------------------------------------------------------------------
 
 
-def test_missing_horovod_names_the_setup_command(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_horovod_names_the_setup_script_and_the_torch_backend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setitem(sys.modules, "horovod.torch", None)  # makes the import fail
     with pytest.raises(PopdistError) as info:
-        popdist.init()
+        popdist.init(backend="horovod")
     message = str(info.value)
     assert "horovod.torch" in message
-    assert "make setup" in message and "make test" in message and "make demo" in message
+    assert "scripts/setup.sh" in message and "--backend torch" in message
     assert not popdist.isBackendInitialized()
 
 

@@ -137,8 +137,24 @@ MALFORMED = [
         "POPDIST_NUM_TOTAL_REPLICAS=8 is not a multiple of POPDIST_NUM_LOCAL_REPLICAS=3",
     ),
     (
-        _with(UNIFORM_REPLICAS_PER_INSTANCE="0"),
-        "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE='0': only a uniform number of replicas",
+        _with(UNIFORM_REPLICAS_PER_INSTANCE="2"),
+        "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE='2' must be 1 (every instance holds the same "
+        "replicas) or 0 (a non-uniform split); relaunch with poprun",
+    ),
+    # a non-uniform split: it must follow the rule, and name its instances
+    (
+        _with(UNIFORM_REPLICAS_PER_INSTANCE="0", NUM_LOCAL_REPLICAS="3"),
+        "POPDIST_NUM_LOCAL_REPLICAS=3, POPDIST_REPLICA_INDEX_OFFSET=2 on instance 1: 8 "
+        "replicas over 4 instances split as [2, 2, 2, 2] (the first 0 hold one more), which "
+        "gives 2 from 2; relaunch with poprun",
+    ),
+    (
+        {**_without(env.INSTANCE_INDEX), env.UNIFORM_REPLICAS_PER_INSTANCE: "0"},
+        "POPDIST_INSTANCE_INDEX is not set but POPDIST_UNIFORM_REPLICAS_PER_INSTANCE=0 is",
+    ),
+    (
+        _with(UNIFORM_REPLICAS_PER_INSTANCE="0", INSTANCE_INDEX="4"),
+        "POPDIST_INSTANCE_INDEX=4 of POPDIST_NUM_INSTANCES=4 with POPDIST_NUM_TOTAL_REPLICAS=8",
     ),
     (
         _with(NUM_INSTANCES="2"),
@@ -249,3 +265,56 @@ def test_popdist_torch_reads_no_environment_variable() -> None:
         if pattern.search(line)
     ]
     assert readers == []
+
+
+def test_a_non_uniform_split_gives_the_first_instances_one_more_replica() -> None:
+    assert env.split_replicas(6, 4) == (2, 2, 1, 1)
+    assert env.split_replicas(6, 3) == (2, 2, 2)
+    views = []
+    for index, (local, offset) in enumerate([(2, 0), (2, 2), (1, 4), (1, 5)]):
+        environ = _poprun(
+            total=6, index=index, num_local_replicas=local, replica_index_offset=offset
+        )
+        assert environ[env.UNIFORM_REPLICAS_PER_INSTANCE] == "0"
+        views.append(read_run(environ))
+    assert [(v.num_local_replicas, v.replica_index_offset) for v in views] == [
+        (2, 0),
+        (2, 2),
+        (1, 4),
+        (1, 5),
+    ]
+    assert {(v.num_instances, v.uniform) for v in views} == {(4, False)}
+    assert [v.instance_index for v in views] == [0, 1, 2, 3]
+    assert views[3].replica_counts() == (2, 2, 1, 1)
+    # given explicitly, a split that divides evenly is still uniform
+    even = _poprun(total=8, index=2, num_local_replicas=2, replica_index_offset=4)
+    assert even[env.UNIFORM_REPLICAS_PER_INSTANCE] == "1"
+    assert read_run(even).replica_counts() == (2, 2, 2, 2)
+
+
+def test_instance_environment_refuses_a_split_off_the_rule() -> None:
+    with pytest.raises(PopdistError, match=r"split as \(2, 2, 1, 1\) give 1 from 4"):
+        _poprun(total=6, index=2, num_local_replicas=2, replica_index_offset=4)
+    with pytest.raises(PopdistError, match="every instance needs a replica"):
+        env.split_replicas(3, 4)
+
+
+def test_generation_and_deterministic_reduction_readers() -> None:
+    assert env.generation({}) == 0
+    assert env.generation({env.GENERATION: " 3 "}) == 3
+    with pytest.raises(PopdistError, match="POPDIST_GENERATION='x' is not an integer"):
+        env.generation({env.GENERATION: "x"})
+    with pytest.raises(PopdistError, match="POPDIST_GENERATION='-1' must be at least 0"):
+        env.generation({env.GENERATION: "-1"})
+    assert env.read_deterministic_reduction({}) is False
+    assert env.read_deterministic_reduction({env.DETERMINISTIC_REDUCTION: "1"}) is True
+    with pytest.raises(PopdistError, match="POPDIST_DETERMINISTIC_REDUCTION='maybe'"):
+        env.read_deterministic_reduction({env.DETERMINISTIC_REDUCTION: "maybe"})
+
+
+def test_deterministic_mode_pins_the_threads_unless_the_user_chose() -> None:
+    alone = _poprun(instances=1, total=2, index=0, local_count=1, local_index=0)
+    assert env.read_compute_threads(alone) is None
+    assert env.read_compute_threads(alone, deterministic=True) == 1
+    chosen = {**alone, env.OMP_NUM_THREADS: "4"}
+    assert env.read_compute_threads(chosen, deterministic=True) is None

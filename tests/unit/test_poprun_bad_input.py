@@ -179,6 +179,11 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("unknown backend", ["--backend", "mpi", "true"], ["--backend=mpi", "horovod or torch"]),
     ("bad yes/no value", ["--offline-mode=maybe", "true"], ["--offline-mode=maybe", "yes/no"]),
     (
+        "deterministic reduction, bad yes/no",
+        ["--deterministic-reduction=sometimes", "true"],
+        ["--deterministic-reduction=sometimes", "yes/no"],
+    ),
+    (
         "conflicting NUMA options",
         ["--numa-aware", "yes", "--process-placement", "disabled", "true"],
         ["--numa-aware=yes", "conflicts"],

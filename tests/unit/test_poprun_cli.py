@@ -205,7 +205,10 @@ def test_the_option_table_drives_help_yaml_and_export(
     assert _dry(capsys, "--import-config", str(path)) == first
 
 
-@pytest.mark.parametrize(("args", "expected"), [([], "horovod"), (["--backend", "torch"], "torch")])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [([], "auto"), (["--backend", "torch"], "torch"), (["--backend", "horovod"], "horovod")],
+)
 def test_backend_is_exported_to_every_instance(args: list[str], expected: str) -> None:
     from poprun.config.run_config import build
     from poprun.plan.environment import mpirun_environment
@@ -222,7 +225,7 @@ def test_backend_from_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "backend: torch" in (tmp_path / "o.yaml").read_text()
     path.write_text("backend: mpi\n")
     assert main(["--import-config", str(path), "--dry-run=yes", "true"]) == 2
-    assert "--backend=mpi: is not one of the choices; fix: use horovod or torch" in (
+    assert "--backend=mpi: is not one of the choices; fix: use auto or horovod or torch" in (
         capsys.readouterr().err
     )
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from poprun.config.run_config import build
-from poprun.errors import EXIT_HOSTS_LOST, PoprunError
+from poprun.errors import EXIT_HOSTS_LOST
 from poprun.plan.environment import instance_values
-from poprun.plan.topology import on_hosts, plan, split_replicas
+from poprun.plan.topology import on_hosts, plan
 from poprun.run.ending import Do, EndingPolicy, Evidence
 from poprun.run.membership.members import (
     MAX_LOSSES,
@@ -133,12 +133,6 @@ def test_readmission_after_a_lost_host_answers_again_until_k_losses() -> None:
         assert m.members == HOSTS
 
 
-def test_split_replicas_gives_the_first_instances_one_more() -> None:
-    assert split_replicas(6, 3) == (2, 2, 2)
-    assert split_replicas(6, 4) == (2, 2, 1, 1)
-    assert split_replicas(7, 2) == (4, 3)
-
-
 def test_the_policy_ends_the_job_on_a_loss_and_relaunches_on_the_rest() -> None:
     clock = Clock()
     policy = EndingPolicy(clock, remote=True, max_restarts=0)
@@ -176,10 +170,7 @@ def test_the_smaller_job_keeps_the_replicas_and_the_instances_per_host() -> None
     assert [(p.host, p.num_local_replicas, p.replica_offset) for p in planned.instances] == [
         ("a", 2, 0), ("a", 2, 2), ("c", 1, 4), ("c", 1, 5),
     ]  # fmt: skip
-    for instance in planned.instances:  # the contract's per-instance counts, or one line
-        try:
-            values = instance_values(smaller, instance)
-        except PoprunError as error:
-            assert "cannot be split unevenly over 4 instances" in str(error)
-        else:
-            assert values["POPDIST_NUM_LOCAL_REPLICAS"] == str(instance.num_local_replicas)
+    values = [instance_values(smaller, instance) for instance in planned.instances]
+    assert [v["POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"] for v in values] == ["0"] * 4
+    assert [v["POPDIST_NUM_LOCAL_REPLICAS"] for v in values] == ["2", "2", "1", "1"]
+    assert [v["POPDIST_REPLICA_INDEX_OFFSET"] for v in values] == ["0", "2", "4", "5"]

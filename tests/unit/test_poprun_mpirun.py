@@ -295,3 +295,14 @@ def test_topology_fills_host_by_host() -> None:
         ("b", 1, 6),
     ]
     assert list(topo.instances[3].devices) == [12, 13, 14, 15]
+
+
+def test_deterministic_reduction_goes_by_name_only_when_asked() -> None:
+    from poprun.plan.environment import shared_values
+
+    assert "POPDIST_DETERMINISTIC_REDUCTION" not in shared_values(_config())
+    config = _config(deterministic_reduction="yes")
+    assert config.deterministic_reduction is True
+    assert shared_values(config)["POPDIST_DETERMINISTIC_REDUCTION"] == "1"
+    assert "POPDIST_DETERMINISTIC_REDUCTION" in _argv(config)
+    assert config.to_file_values()["deterministic-reduction"] is True

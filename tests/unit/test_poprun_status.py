@@ -330,3 +330,48 @@ def test_an_instance_that_ends_blocked_waits_no_longer_than_its_span() -> None:
     found = stragglers.slowest([blocked, stalled], started=0.0)
     assert found is not None and found.instance == 1
     assert 0.9 < found.cost_share <= 1.0
+
+
+def test_status_adds_the_job_the_straggler_and_the_verdicts() -> None:
+    from poprun.run.status.server import Live
+
+    live = Live()
+    live.job = {"command": "python train.py", "timeout_s": 60.0}
+    notes = [("note", "poprun: instance 1 has waited 6 s"), ("hang", "poprun: the job is hung")]
+    live.attach(lambda: _job(), instances=2, started=0.0, notes=lambda: notes)
+    figures, _, _, started = live.read()
+    extras = live.extras(figures, 10.0, started)
+    assert extras["job"] == {"command": "python train.py", "timeout_s": 60.0}
+    assert extras["straggler"]["instance"] == 1
+    assert extras["straggler"]["line"].startswith("poprun: instance 1 (localhost) held the others up")
+    assert [n["kind"] for n in extras["notes"]] == ["note", "hang"]
+    live.attach(lambda: _job(slow_wait=5.0), instances=2, started=0.0)  # a new attempt
+    assert live.extras(live.read()[0], 10.0, 0.0) | {"job": {}} == {
+        "job": {},
+        "straggler": None,  # nobody held the others up
+        "notes": [],
+    }
+
+
+def test_the_page_is_one_self_contained_file_served_with_a_strict_policy() -> None:
+    import urllib.request
+
+    from poprun.run.status.server import PAGE_POLICY, StatusServer, page
+
+    html = page().decode()
+    assert len(page()) < 16_000  # small: it is sent once per browser
+    assert "src=" not in html and "href=" not in html and "@import" not in html  # nothing fetched
+    assert 'fetch("status"' in html  # only this server's /status, relative to the page
+    assert "innerHTML = out" in html and "textContent = n.text" in html  # text set as text
+    server = StatusServer("127.0.0.1", 0).start()
+    try:
+        with urllib.request.urlopen(f"{server.url}/", timeout=10) as answer:
+            assert answer.read() == page()
+            assert answer.headers["Content-Type"] == "text/html; charset=utf-8"
+            assert answer.headers["Content-Security-Policy"] == PAGE_POLICY
+        with urllib.request.urlopen(f"{server.url}/status", timeout=10) as answer:
+            data = json.loads(answer.read())
+        assert {"job", "straggler", "notes", "progress"} <= set(data)
+    finally:
+        server.close()
+    assert "connect-src 'self'" in PAGE_POLICY and "default-src 'none'" in PAGE_POLICY

@@ -117,6 +117,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "useOfflineIpuTarget": ((2,), "no-op"),
     "Training.accumulationAndReplicationReductionType": ((poptorch.ReductionType.Sum,), "set"),
     "Training.gradientAccumulation": ((4,), "set"),
+    "Training.deterministicReduction": ((True,), "set"),
     "Training.setAutomaticLossScaling": ((True,), "no-op"),
     "Training.setConvolutionDithering": ((True,), "no-op"),
     "Training.setMeanAccumulationAndReplicationReductionStrategy": (
@@ -164,6 +165,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
             "Training.gradient_accumulation",
             "Training.accumulation_and_replication_reduction_type",
             "Training.meanAccumulationAndReplicationReductionStrategy",
+            "Training.deterministic_reduction",
             "Distributed.num_distributed_processes",
             "Distributed.distributed_process_id",
         )
@@ -275,8 +277,18 @@ def test_tensor_location_settings_methods_chain() -> None:
     for row in rows_of("TensorLocationSettings"):
         arg: Any = 4 if row.name.startswith("minElements") else False
         assert getattr(settings, row.name)(arg) is settings
-    with pytest.raises(UnsupportedOptionError, match="useReplicatedTensorSharding"):
-        settings.useReplicatedTensorSharding(True)
+
+
+def test_replicated_tensor_sharding_is_accepted_and_recorded() -> None:
+    """Applications' configurations set it for the optimizer state (tests/unit/test_sharded_state.py)."""
+    sharded = poptorch.TensorLocationSettings().useReplicatedTensorSharding(True)
+    assert sharded.toDict()["useReplicatedTensorSharding"] == 1
+    opts = poptorch.Options()
+    opts.TensorLocations.setOptimizerLocation(sharded)
+    assert (
+        opts.toDict()["TensorLocations"]["location_optimizer"]["useReplicatedTensorSharding"] == 1
+    )
+    assert opts.TensorLocations.optimizer_on_chip and opts.TensorLocations.optimizer_sharded
 
 
 def test_the_page_is_the_tables_rendering() -> None:
@@ -298,6 +310,8 @@ def test_every_row_resolves() -> None:
         **{owner: _target(opts, f"{owner.partition('.')[2]}.x")[0] for owner in OPTION_OWNERS},
         "torch.ops.poptorch": torch.ops.poptorch,
         "popart": popart,
+        "poptorch.optim": poptorch.optim,
+        "poptorch.optim.Optimizer": poptorch.optim.SGD(nn.Linear(2, 2).parameters()),
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

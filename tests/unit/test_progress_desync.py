@@ -102,3 +102,21 @@ def test_waiting_at_one_sequence_number_under_different_names_is_said() -> None:
     board.update(_record(1, seq=2, done=1, pending=_call(2, "metric.0", 2, kind="allreduce")))
     report = hang_report(board.snapshot(), [(0, "node0"), (1, "node1")], now=50.0, timeout=6)
     assert "the collective itself does not finish" in report
+
+
+def test_the_site_of_a_collective_is_its_line_each_time() -> None:
+    """Sites are cached by code object and instruction: two calls from two lines of one
+    function are two sites, a call repeated from one line is the same site."""
+    from popdist import progress
+
+    def wrapper() -> tuple[str, int, str]:  # as progress's own wrapper and _issue call it
+        return (lambda: progress._site())()
+
+    def user() -> list[tuple[str, int, str]]:
+        first = wrapper()
+        second = wrapper()
+        return [first, second, *[wrapper() for _ in range(2)]]
+
+    got = user()
+    assert got[0][2] == got[1][2] == "user" and got[0][1] + 1 == got[1][1]
+    assert got[2] == got[3] and got[2][1] == got[1][1] + 1

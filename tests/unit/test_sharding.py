@@ -6,7 +6,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from popdist.env import PopdistError
+from popdist.env import PopdistError, split_replicas
 from popdist.sharding import (
     Shard,
     ShardingError,
@@ -15,6 +15,7 @@ from popdist.sharding import (
     global_batch_size,
     poptorch_shard,
     process_indices,
+    split_shard,
     topology_invariant_indices,
     worker_shard,
 )
@@ -366,3 +367,68 @@ def test_worker_shards_are_a_bijection(instances: int, workers: int) -> None:
 
 
 _PINNED_10_42_0 = [4, 0, 6, 2, 1, 7, 5, 8, 9, 3]
+
+
+# --- non-uniform splits ------------------------------------------------------------------------
+
+
+def _per_replica_split(
+    n: int, micro: int, di: int, ga: int, counts: tuple[int, ...], **kw: object
+) -> dict[tuple[int, int, int, int], list[int]]:
+    """As :func:`_per_replica`, for processes holding ``counts`` replicas each."""
+    out: dict[tuple[int, int, int, int], list[int]] = {}
+    for pid, local in enumerate(counts):
+        flat = _invariant(n, micro, di, ga, local, len(counts), pid, replica_counts=counts, **kw)
+        combined = micro * di * ga * local
+        for s in range(len(flat) // combined):
+            batch = flat[s * combined : (s + 1) * combined]
+            for d in range(di):
+                for a in range(ga):
+                    for r in range(local):
+                        start = ((d * ga + a) * local + r) * micro
+                        out[(s, d, a, sum(counts[:pid]) + r)] = batch[start : start + micro]
+    return out
+
+
+@settings(max_examples=40)
+@given(
+    total=st.sampled_from([3, 5, 6, 7]),
+    instances=st.integers(2, 3),
+    micro=st.integers(1, 3),
+    ga=st.integers(1, 2),
+    extra=st.integers(0, 20),
+    shuffle=st.booleans(),
+    epoch=st.integers(0, 1),
+)
+def test_a_non_uniform_split_gives_each_replica_what_one_process_does(
+    total: int, instances: int, micro: int, ga: int, extra: int, shuffle: bool, epoch: int
+) -> None:
+    n = 2 * micro * 2 * ga * total + extra
+    counts = split_replicas(total, instances)
+    kw = {"shuffle": shuffle, "seed": 3, "epoch": epoch}
+    assert _per_replica_split(n, micro, 2, ga, counts, **kw) == _per_replica(
+        n, micro, 2, ga, total, 1, **kw
+    )
+
+
+def test_split_shard_cuts_blocks_per_replica() -> None:
+    # 6 replicas as (2, 2, 1, 1), 2 samples a replica's combined batch share: 100 // 12 = 8
+    # whole steps of 12, so each replica reads 16 samples and 4 are left over.
+    shards = [split_shard(100, 4 if pid < 2 else 2, (2, 2, 1, 1), pid) for pid in range(4)]
+    assert shards == [Shard(0, 32, 4), Shard(32, 32, 4), Shard(64, 16, 4), Shard(80, 16, 4)]
+    assert [
+        len(b) // c
+        for b, c in zip(
+            [range(s.offset, s.offset + s.length) for s in shards], [4, 4, 2, 2], strict=True
+        )
+    ] == [8] * 4
+    uneven = [split_shard(10, 2, (2, 1), pid, drop_last=False) for pid in range(2)]
+    assert uneven == [Shard(0, 7, 0), Shard(7, 3, 0)]
+    indices = [
+        process_indices(100, 4 if p < 2 else 2, 4, p, replica_counts=(2, 2, 1, 1)) for p in range(4)
+    ]
+    assert sorted(i for block in indices for i in block) == list(range(96))
+    with pytest.raises(ShardingError, match="not a multiple of this process's 2 replicas"):
+        split_shard(100, 3, (2, 1), 0)
+    with pytest.raises(ShardingError, match=r"replica_counts=\[2, 1\] does not describe"):
+        _invariant(100, 1, 1, 1, 1, 2, 0, replica_counts=(2, 1))

@@ -53,3 +53,17 @@ def test_no_tier_imports_another_tiers_tests_or_a_conftest() -> None:
 def test_the_unit_tier_refuses_to_start_a_process() -> None:
     with pytest.raises(AssertionError, match="starts no process"):
         subprocess.run([sys.executable, "-c", "pass"], check=False)
+
+
+def test_the_tier_times_plugin_names_each_test_by_its_folder() -> None:
+    from tests.support.tier_times import tier_of
+
+    assert tier_of("tests/unit/test_x.py::test_y[a/b]") == "unit"
+    assert tier_of("tests/packaging/test_wheel.py::test_z") == "packaging"
+    assert tier_of("tests/test_top.py::test_t") == "tests"
+
+
+def test_make_test_loads_the_tier_times_plugin_and_keeps_no_tests_a_failure() -> None:
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert "-p tests.support.tier_times" in script
+    assert '[ "$rc" = 5 ]' in script and "collected no tests" in script

@@ -14,11 +14,11 @@ from popdist.env import PopdistError, RunView, read_backend
 pytestmark = pytest.mark.unit
 
 
-def test_backend_defaults_to_horovod_and_follows_the_contract_variable() -> None:
-    assert read_backend({}) == "horovod"
+def test_backend_defaults_to_auto_and_follows_the_contract_variable() -> None:
+    assert read_backend({}) == "auto"
     assert read_backend({env.BACKEND: "torch"}) == "torch"
     assert read_backend({env.BACKEND: " Torch "}) == "torch"
-    assert read_backend({env.BACKEND: ""}) == "horovod"
+    assert read_backend({env.BACKEND: ""}) == "auto"
 
 
 def test_an_explicit_backend_wins_over_the_environment() -> None:
@@ -39,7 +39,7 @@ def test_an_unknown_backend_names_the_value_and_the_choices(
     with pytest.raises(PopdistError) as info:
         read_backend(environ, requested=requested)
     assert named in str(info.value)
-    assert "horovod, torch" in str(info.value)
+    assert "auto, horovod, torch" in str(info.value)
 
 
 def _run(**fields: object) -> RunView:

@@ -50,6 +50,9 @@ class ProgressWatch:
         self.board = ProgressBoard(clock)
         #: The hang or desync verdict, for the ending's report.
         self.diagnosis = ""
+        #: Every note and verdict so far, as (kind, text): ``note``, ``hang``, ``desync``
+        #: (the status page shows them).
+        self.notes: list[tuple[str, str]] = []
         self._found: list[Action] = []
 
     def progressed(self, moved: bool) -> None:
@@ -75,12 +78,14 @@ class ProgressWatch:
             note = wait_note(figures, now=now, timeout=timeout)
             if note:
                 sys.stderr.write(note + "\n")
+                self.notes.append(("note", note))
             return False
         if action.do is Do.DESYNC:
             desync = self.board.desync()
             report = desync_report(desync) if desync is not None else ""
         else:
             report = hang_report(figures, self.instances, now=now, timeout=timeout)
+        self.notes.append(("desync" if action.do is Do.DESYNC else "hang", report))
         if action.do is Do.HANG_REPORT:
             sys.stderr.write(report + "\npoprun: the job goes on (--on-hang=report)\n")
             return False

@@ -147,6 +147,7 @@ def status_json(
                 "instance": f.instance,
                 "host": f.host,
                 "steps": f.steps,
+                "steps_per_s": f.steps / span if span > 0 else None,
                 "samples": f.samples,
                 "samples_per_s": samples_per_s(f, span),
                 "step_time_s": f.step_time_s if f.steps > 0 else None,

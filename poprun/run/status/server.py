@@ -1,7 +1,11 @@
 """``--status-port``: the job's live figures over HTTP, served from a daemon thread.
 
 ``GET /metrics`` answers Prometheus' text format (:mod:`poprun.run.status.metrics`),
-``GET /status`` (or ``/status.json``) the same figures as JSON. The socket is bound before
+``GET /status`` (or ``/status.json``) the same figures as JSON, with the job's description
+(command, topology, ``--timeout``), the straggler when one is worth naming, and the hang
+notes and verdicts so far; ``GET /`` a page that shows them and follows ``/status`` once a
+second (``page.html``: one self-contained file, no network, a Content-Security-Policy
+that lets it reach this server only; it shows no program output). The socket is bound before
 anything is launched, so a port in use is a usage error (one line, exit 2, nothing
 launched); it listens on 127.0.0.1 unless ``--status-address`` says otherwise (the figures
 name hosts and paths of the job: not for the network by default).
@@ -31,21 +35,60 @@ from poprun.run.status.figures import Figures
 REQUEST_TIMEOUT_S = 10.0
 
 
+#: The page's security policy: its own inline script and style, requests to this server only.
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'"
+)
+
+
+def page() -> bytes:
+    """The status page (``page.html`` beside this module, shipped in the wheel)."""
+    from importlib.resources import files
+
+    return files("poprun.run.status").joinpath("page.html").read_bytes()
+
+
 class Live:
-    """What the endpoint shows: the current attempt's board, its size and launch time."""
+    """What the endpoint shows: the current attempt's board, its size and launch time, the
+    job's description and the attempt's notes and verdicts."""
 
     def __init__(self) -> None:
         self._snapshot: Callable[[], Sequence[Figures]] | None = None
+        self._notes: Callable[[], Sequence[tuple[str, str]]] = tuple
         self.instances = 0
         self.started: float | None = None
+        #: The job as the page titles it: command, topology, time-outs (set once by poprun).
+        self.job: dict[str, Any] = {}
 
     def attach(
-        self, snapshot: Callable[[], Sequence[Figures]], *, instances: int, started: float
+        self,
+        snapshot: Callable[[], Sequence[Figures]],
+        *,
+        instances: int,
+        started: float,
+        notes: Callable[[], Sequence[tuple[str, str]]] = tuple,
     ) -> None:
         """From now on, show this board (a new attempt's, after a relaunch)."""
         self._snapshot = snapshot
+        self._notes = notes
         self.instances = instances
         self.started = started
+
+    def extras(self, figures: Sequence[Figures], now: float, started: float) -> dict[str, Any]:
+        """What ``/status`` adds to the figures: the job, the straggler, notes and verdicts."""
+        from poprun.run.status.stragglers import slowest
+
+        straggler = slowest(figures, started, now)
+        named = None
+        if straggler is not None and straggler.worth_naming:
+            named = {
+                "instance": straggler.instance,
+                "host": straggler.host,
+                "line": straggler.line(),
+            }
+        notes = [{"kind": kind, "text": text} for kind, text in list(self._notes())]
+        return {"job": self.job, "straggler": named, "notes": notes}
 
     def read(self) -> tuple[Sequence[Figures], float, int, float]:
         """(figures, now, instances, launch time) at this moment (poprun's monotonic clock)."""
@@ -75,16 +118,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, CONTENT_TYPE_LATEST, body)
         elif path in ("/status", "/status.json"):
             data = metrics.status_json(figures, now, instances=instances, started=started)
+            data |= self.server.live.extras(figures, now, started)
             self._send(200, "application/json", json.dumps(data).encode())
-        elif path == "/":
-            self._send(200, "text/plain; charset=utf-8", b"poprun: /metrics, /status\n")
+        elif path in ("/", "/index.html"):
+            self._send(200, "text/html; charset=utf-8", page(), policy=PAGE_POLICY)
         else:
-            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /status\n")
+            self._send(404, "text/plain; charset=utf-8", b"not found: try /, /metrics or /status\n")
 
-    def _send(self, code: int, content_type: str, body: bytes) -> None:
+    def _send(self, code: int, content_type: str, body: bytes, *, policy: str = "") -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        if policy:
+            self.send_header("Content-Security-Policy", policy)
         self.end_headers()
         with contextlib.suppress(OSError):  # the client went away
             self.wfile.write(body)
