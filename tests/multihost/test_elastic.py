@@ -268,3 +268,27 @@ def test_a_host_lost_during_start_up_is_noticed(
     assert named is not None and named - cut_at <= DETECT_S, job.text
     assert "launching the job again on h1, h2 (generation 1)" in job.text
     assert job.text.count("OK ") == 2, job.text
+
+
+def test_with_the_deterministic_reduction_a_loss_leaves_the_weights_bit_identical(
+    clean_hosts: Hosts, tmp_path: Path
+) -> None:
+    """``--deterministic-reduction`` (issue 31 part B): the sum over the 6 replicas no longer
+    depends on their split, so h3's instances killed mid-run leave the uninterrupted run's
+    weights exactly."""
+    exact = ["--deterministic-reduction"]
+    uninterrupted = tmp_path / "uninterrupted"
+    uninterrupted.mkdir()
+    job = Job(clean_hosts, *LAUNCH, *exact, *PROGRAM, str(uninterrupted), STEPS, "0")
+    assert job.wait() == 0, job.text
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    job = Job(clean_hosts, *LAUNCH, *exact, "--min-hosts", "2", *PROGRAM, str(lost), STEPS)
+    wait_for_step(job, lost / "log" / "2.g0", FAULT_AFTER)
+    inject(clean_hosts, "killed")
+    assert job.wait() == 0, job.text
+    assert "launching the job again on h1, h2 (generation 1)" in job.text
+    assert samples(lost) == samples(uninterrupted)
+    want, got = weights(uninterrupted), weights(lost)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), f"{name} differs"
