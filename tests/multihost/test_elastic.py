@@ -207,7 +207,8 @@ def test_below_min_hosts_the_job_ends_with_69_and_its_checkpoint(
     assert job.wait() == 69, job.text
     assert "fewer than the job needs (--min-hosts=3): ending the job" in job.text
     saved = read_checkpoint(tmp_path / "ckpt.pt")  # complete, verified
-    assert FAULT_AFTER <= saved["step"] < int(STEPS)
+    # h3 logs a step before the checkpoint of that step is written: the kill may fall between
+    assert FAULT_AFTER - 1 <= saved["step"] < int(STEPS)
     assert not list(tmp_path.glob(".ckpt.pt.tmp-*"))
 
 
