@@ -83,8 +83,8 @@ def shared_values(config: RunConfig) -> dict[str, str]:
         values[contract.DETERMINISTIC_REDUCTION] = "1"
     if config.min_hosts is not None:  # the supervisor sets it at each launch
         values[contract.GENERATION] = "0"
-    if config.allocation is None and any(not is_local(h) for h in config.hosts):  # the lease
-        values[contract.LEASE] = ""
+    if config.min_hosts is not None and any(not is_local(h) for h in config.hosts):
+        values[contract.LEASE] = ""  # the supervisor's lease server (docs/elastic.md)
     return values
 
 

@@ -174,11 +174,13 @@ def _watch_hosts(
     )
     policy.membership = membership
     lease = None
-    address = facing_address(remote)
+    # The lease only with --min-hosts: exported to a job without it, a SIGKILLed poprun's
+    # mpirun was seen to leave its local instances running (cause not found yet).
+    address = facing_address(remote) if config.min_hosts is not None else None
     if address is not None:
         lease = LeaseServer(address, env[contract.PROGRESS])
         env[contract.LEASE] = lease.address
-    else:
+    elif config.min_hosts is not None:
         log.warning(f"no address of this host reaches {remote[0]}: the instances hold no lease")
     return HostWatch(membership, probe_command(config.global_args(), env), lease)
 

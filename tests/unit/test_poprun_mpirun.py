@@ -57,8 +57,6 @@ FORWARD = [
     *("-x", "HOME", "-x", "PATH", "-x", "POPDIST_BACKEND", "-x", "POPDIST_ERROR_RECORD"),
     *("-x", "POPDIST_PROGRESS", "-x", "PYTHONUNBUFFERED"),
 ]
-#: ... with remote hosts, the lease's address too (poprun.run.membership.lease)
-FORWARD_REMOTE = [*FORWARD[:8], "-x", "POPDIST_LEASE", *FORWARD[8:]]
 
 
 def _values(
@@ -145,7 +143,7 @@ def test_eight_replicas_on_four_instances_over_two_host_ranges() -> None:
         host = f"node{i // 2}"
         if i:
             expected.append(":")
-        expected += ["-np", "1", "-H", f"{host}:2", *FORWARD_REMOTE]
+        expected += ["-np", "1", "-H", f"{host}:2", *FORWARD]
         expected += _ctx(**_values(8, 2, 4, i, i % 2, 2, host))
         expected += [*REMOTE_WRAPPER, "/bin/true"]  # other hosts: the exit status wrapper
     assert argv == expected
@@ -166,8 +164,8 @@ def test_every_context_forwards_the_environment_by_name() -> None:
     contexts = " ".join(argv).split(" : ")
     assert len(contexts) == 3
     shared = (
-        "-x HOME -x MY_VAR -x POPDIST_BACKEND -x POPDIST_ERROR_RECORD -x POPDIST_LEASE "
-        "-x POPDIST_PROGRESS -x PYTHONUNBUFFERED"
+        "-x HOME -x MY_VAR -x POPDIST_BACKEND -x POPDIST_ERROR_RECORD -x POPDIST_PROGRESS "
+        "-x PYTHONUNBUFFERED"
     )
     for context in contexts:
         assert f"{shared} -x POPDIST_NUM_TOTAL_REPLICAS=" in context

@@ -1,7 +1,7 @@
 """poprun's side of the lease: the renewals that keep the instances of a multi-host job alive.
 
 A host cut off from poprun must not go on as a second job. Every instance of a job across
-hosts holds a lease (:mod:`popdist.lease`): it connects to this server at ``import popdist``,
+hosts run with ``--min-hosts`` holds a lease (:mod:`popdist.lease`): it connects to this server at ``import popdist``,
 says who it is with the job's secret and generation, and then gets a renewal every
 :data:`RENEW_S`; it sends a heartbeat back as often, which tells poprun the host is there
 (:mod:`poprun.run.membership.watch`). An instance that has had no renewal for
