@@ -92,6 +92,9 @@ class SignalInbox:
         self.notices: list[int] = []
         #: Raise :class:`Interrupted` at the first signal (before the job is launched).
         self.interrupting = True
+        #: Interrupted was raised once (a signal that lands in the import machinery is not
+        #: raised there: see :func:`_in_import_machinery`).
+        self._raised = False
         self._previous: dict[int, Handler] = {}
         self._previous_wakeup: int | None = None
 
@@ -141,7 +144,8 @@ class SignalInbox:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
-        if self.interrupting and len(self.received) == 1:
+        if self.interrupting and not self._raised and not _in_import_machinery(frame):
+            self._raised = True
             raise Interrupted(signum)
 
     def _on_job_control(self, signum: int, frame: FrameType | None) -> None:
@@ -152,3 +156,11 @@ class SignalInbox:
 
     def _on_notice(self, signum: int, frame: FrameType | None) -> None:
         self.notices.append(signum)
+
+
+def _in_import_machinery(frame: FrameType | None) -> bool:
+    """Whether the signal landed in importlib's own frames (a module lock's weakref callback,
+    say): an exception raised there is printed as "Exception ignored" with a traceback and
+    lost. The signal stays recorded, and the next step of the start-up (or the supervisor,
+    which reads :attr:`SignalInbox.received` when it takes over) ends the run with 128+N."""
+    return frame is not None and frame.f_code.co_filename.startswith("<frozen importlib")

@@ -186,7 +186,7 @@ def lost_host_run(
     assert named is not None, job.text
     assert named - fault_at <= DETECT_S, f"named {named - fault_at:.1f} s after the fault"
     assert "launching the job again on h1, h2 (generation 1)" in job.text
-    assert job.text.count("OK ") == 2, job.text
+    assert job.text.count("<stdout>:OK ") == 2, job.text
     assert "left behind" not in job.text  # mpirun's own ssh connections are no leftovers
     assert "the job is hung" not in job.text  # the hang verdict (a note may come first)
     assert samples(tmp_path) == samples(reference)  # none skipped, none repeated
@@ -268,7 +268,7 @@ def test_a_host_lost_during_start_up_is_noticed(
     named = job.first("lost host h3")
     assert named is not None and named - cut_at <= DETECT_S, job.text
     assert "launching the job again on h1, h2 (generation 1)" in job.text
-    assert job.text.count("OK ") == 2, job.text
+    assert job.text.count("<stdout>:OK ") == 2, job.text
 
 
 def test_with_the_deterministic_reduction_a_loss_leaves_the_weights_bit_identical(
