@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ from popdist.env import GENERATION, LEASE, PROGRESS, PopdistError, generation, r
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Mapping
 
 #: No renewal from poprun for this long: the instance ends itself (fencing within 15 s).
@@ -66,6 +66,8 @@ def start_if_asked(environ: Mapping[str, str] | None = None) -> bool:
 
 def _hold(address: tuple[str, int], hello: bytes) -> None:
     """Connect (retrying until :data:`LEASE_S` passes), then beat and read renewals."""
+    import socket  # here, on the lease's thread: ``import popdist`` stays free of it
+
     renewed = time.monotonic()
     sock = None
     while sock is None:
