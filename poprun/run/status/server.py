@@ -105,6 +105,9 @@ class Live:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = REQUEST_TIMEOUT_S
+    # Keep-alive: the page's fetch a second reuses one connection (and one handler thread)
+    # instead of a connect, an accept and a new thread each time. Every answer has its length.
+    protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
         from poprun.run.status import metrics
