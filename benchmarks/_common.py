@@ -213,6 +213,18 @@ def which(name: str) -> str:
     return found
 
 
+def round_ratios(on: Sequence[float], off: Sequence[float], per_round: int) -> list[float]:
+    """A/B blocks in pairs (``on[k]``, ``off[k]``) grouped into rounds of ``per_round``
+    consecutive pairs: each round's mean on over its mean off (a trailing partial round is left
+    out). Rounds of several short pairs cancel a slow drift as the pairs do, and their spread
+    is the one a goal's margin is judged against (issue 33)."""
+    whole = min(len(on), len(off)) // per_round * per_round
+    return [
+        statistics.fmean(on[k : k + per_round]) / statistics.fmean(off[k : k + per_round])
+        for k in range(0, whole, per_round)
+    ]
+
+
 def rounds_until_clear(
     one_round: Callable[[int], None],
     rounds: int,

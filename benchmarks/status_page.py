@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import training_throughput as tt
-from benchmarks._common import rounds_until_clear
+from benchmarks._common import round_ratios, rounds_until_clear
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # goals
 
@@ -174,13 +174,8 @@ def measure(
                                    "browser_off": []}  # fmt: skip
     state: list[bool | None] = [None]
 
-    def round_ratios() -> list[float]:
-        whole = len(rates["off"]) // per_round * per_round
-        return [
-            statistics.fmean(rates["on"][k : k + per_round])
-            / statistics.fmean(rates["off"][k : k + per_round])
-            for k in range(0, whole, per_round)
-        ]
+    def rounds() -> list[float]:
+        return round_ratios(rates["on"], rates["off"], per_round)
 
     def one_pair(pair: int) -> None:
         for on in (True, False) if pair % 2 == 0 else (False, True):
@@ -207,7 +202,7 @@ def measure(
         rounds_until_clear(
             one_pair, pairs,
             settled=lambda: len(rates["off"]) % per_round == 0
-            and clears(round_ratios(), GOAL, "≥"),
+            and clears(rounds(), GOAL, "≥"),
             max_rounds=max_pairs, budget_s=budget_s,
         )  # fmt: skip
     finally:
@@ -223,9 +218,8 @@ def measure(
         who: statistics.median(cpu[f"{who}_on"]) - statistics.median(cpu[f"{who}_off"])
         for who in ("poprun", "browser")
     }  # CPU seconds a second with the page on, less off: a refresh a second
-    rounds = round_ratios()
-    return {"rates": rates, "pair_ratios": ratios, "ratios": rounds,
-            "ratio": statistics.median(rounds), "cpu": cpu, "cpu_per_refresh_s": per_refresh,
+    return {"rates": rates, "pair_ratios": ratios, "ratios": rounds(),
+            "ratio": statistics.median(rounds()), "cpu": cpu, "cpu_per_refresh_s": per_refresh,
             "pairs_run": len(ratios), "per_round": per_round}  # fmt: skip
 
 

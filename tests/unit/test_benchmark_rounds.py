@@ -10,7 +10,7 @@ import pytest
 from tests.support.jobs import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import rounds_until_clear
+from _common import round_ratios, rounds_until_clear
 
 pytestmark = pytest.mark.unit
 
@@ -81,3 +81,26 @@ def test_interleave_goes_on_until_the_samples_clear() -> None:
     assert calls[:4] == ["a", "b", "b", "a"]  # rotating order, round by round
     plain = interleave({"a": case("a", 2.0)}, 3)
     assert len(plain["a"].samples) == 3  # without ``until``: the rounds asked for
+
+
+def test_a_round_is_its_pairs_mean_on_over_mean_off_and_a_partial_round_is_left_out() -> None:
+    on = [10.0, 12.0, 9.0, 11.0, 7.0]
+    off = [10.0, 10.0, 10.0, 10.0, 7.0]
+    assert round_ratios(on, off, 2) == [pytest.approx(1.1), pytest.approx(1.0)]
+    assert round_ratios(on, off, 1) == [pytest.approx(a / b) for a, b in zip(on, off, strict=True)]
+    assert round_ratios(on[:1], off[:1], 2) == []
+
+
+def test_rounds_of_pairs_shrink_the_spread_of_noisy_pairs() -> None:
+    """Pairs whose noise alternates around one true ratio: each round of several sees the
+    truth, each pair alone does not."""
+    from goals import spread
+
+    on = [0.95 + 0.05 * (k % 2) * 2 for k in range(12)]  # 0.95, 1.05, 0.95, ...
+    off = [1.0] * 12
+    pairs = [a / b for a, b in zip(on, off, strict=True)]
+    rounds = round_ratios(on, off, 2)
+    assert rounds == [pytest.approx(1.0)] * 6
+    round_spread, pair_spread = spread(rounds), spread(pairs)
+    assert round_spread is not None and pair_spread is not None
+    assert round_spread == pytest.approx(0.0) and pair_spread > 0.05
