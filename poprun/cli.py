@@ -137,7 +137,9 @@ def _launch(
 
             shared = ssh_check.check(remote, config.global_args(), env)
         merged = {**env, **(shared.env() if shared else {})}
-        return supervise(config, topology, argv, merged, inbox, status=status, replan=replan)
+        return supervise(
+            config, topology, argv, merged, inbox, status=status, replan=replan, shared=shared
+        )
     finally:
         if shared is not None:
             shared.close()

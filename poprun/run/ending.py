@@ -37,6 +37,12 @@ GRACE_S = 1.5
 REMOTE_GRACE_S = 5.0
 #: ... and how long mpirun then gets, once its instances are killed, before it is killed too.
 MPIRUN_GRACE_S = 0.8
+#: A lost host: how long mpirun gets before it is killed with the instances. The survivors
+#: wait in a collective for the lost ones (inside Horovod's or MPI's wait, where no Python
+#: signal handler runs) and the checkpoint is already on disk: a grace would only delay the
+#: relaunch. Killing mpirun ends the survivors' daemons on the other hosts, which end their
+#: instances.
+LOST_GRACE_S = 0.2
 #: Once mpirun has exited: how long its output may take to reach its end (a pipe held open
 #: by a stray grandchild is given up on after this).
 DRAIN_S = 1.0
@@ -426,7 +432,8 @@ def _lost_actions(policy: EndingPolicy, t: float) -> list[Action]:
     if not losses or policy.now.lost:
         return []
     policy.now.lost = True
-    policy.now.kill_at = policy._sooner(policy.now.kill_at, t + GRACE_S)
+    policy.now.instances_killed = True  # past the grace: mpirun and the instances, at once
+    policy.now.kill_at = policy._sooner(policy.now.kill_at, t + LOST_GRACE_S)
     named = "; ".join(f"{loss.host}: {loss.why}" for loss in losses)
     return [Action(Do.HOST_LOST, f"lost host {named}: ending what is left of the job")]
 

@@ -46,6 +46,8 @@ class JobProcesses:
         self.left_behind: list[str] = []
         self.segments: set[str] = set()  # Open MPI segments of instances killed by poprun
         self.orphans_at: float | None = None
+        #: The job ends on a lost host: its ssh connections are not waited for.
+        self.host_lost = False
         self._pgids: dict[int, int] = {}  # instance -> its own process group (local ones)
         self._not_ours: set[int] = set()
         #: poprun's own processes besides mpirun (the host watch's probes), never leftovers.
@@ -115,7 +117,10 @@ class JobProcesses:
                 self.segments |= leftovers.segments_of(pid)
 
     def kill_left_behind(self, keep: set[int]) -> None:
-        """SIGKILL and reap, by pid, every process the job left under poprun; remember them."""
+        """SIGKILL and reap, by pid, every process the job left under poprun; remember them.
+
+        mpirun's own ssh connections get :data:`LAUNCH_GRACE_S` to end first, unless the job
+        ends on a lost host (:attr:`host_lost`), whose connection would not end."""
         keep = keep | self._not_ours | self.own_pids()
         if self.topology.allocation is not None and self.mpirun_pid not in keep:
             self._let_launchers_end(keep)
@@ -123,7 +128,7 @@ class JobProcesses:
         # mpirun's own ssh connections to its daemons may outlive it by a moment: poprun's
         # connections, not the job's leftovers (a clean run must not read like a clean-up)
         ours = [pid for pid in found if leftovers.launch_connection(pid)]
-        deadline = time.monotonic() + LAUNCH_GRACE_S
+        deadline = time.monotonic() + (0.0 if self.host_lost else LAUNCH_GRACE_S)
         while ours and len(ours) == len(found) and time.monotonic() < deadline:
             time.sleep(0.02)
             self._reap_children(keep)

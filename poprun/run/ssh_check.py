@@ -143,10 +143,20 @@ class SharedConnections:
         """mpirun's environment: its launch agent goes through the masters."""
         return {"OMPI_MCA_plm_rsh_agent": shlex.join([*self.command, *self.option()])}
 
+    def drop(self, hosts: Sequence[str]) -> None:
+        """Stop the masters of lost ``hosts`` now. A master holds the output pipes of every
+        session through it (ssh passes them over its socket), and a session with a host that
+        no longer answers never ends: mpirun's output would not end with mpirun."""
+        self._stop(hosts)
+
     def close(self) -> None:
         """Stop every master (``ssh -O exit``, all hosts at once) and remove their directory."""
+        self._stop(self.hosts)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _stop(self, hosts: Sequence[str]) -> None:
         stopping = []
-        for host in self.hosts:
+        for host in hosts:
             with contextlib.suppress(OSError):
                 stopping.append(
                     subprocess.Popen(
@@ -165,7 +175,6 @@ class SharedConnections:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)  # its own group: ours alone
                 proc.wait()
-        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def check(

@@ -49,6 +49,7 @@ from poprun.run.time_limit import plan as plan_time_limit
 from poprun.run.time_limit import requeue, requeuing
 
 if TYPE_CHECKING:
+    from poprun.run.ssh_check import SharedConnections
     from poprun.run.status.server import StatusServer
 
 PR_SET_PDEATHSIG = 1
@@ -75,10 +76,12 @@ def supervise(
     *,
     status: StatusServer | None = None,
     replan: Replan | None = None,
+    shared: SharedConnections | None = None,
 ) -> int:
     """Run the job, print the report the ending policy gives, return the exit code.
 
     ``status``: the ``--status-port`` endpoint, pointed at each attempt's progress.
+    ``shared``: the ssh check's masters; a lost host's is stopped when the job ends on it.
 
     With ``--max-restarts N``, the policy launches a job that failed (not one ended by a
     signal poprun received, nor by ``--timeout``) again, up to N times; the program resumes
@@ -89,6 +92,8 @@ def supervise(
     policy = _policy(config, topology, env)
     env = with_secret(env)  # the instances' progress records carry it
     watch = _watch_hosts(config, topology, env, policy)
+    if watch is not None:
+        watch.connections = shared
     try:
         while True:
             attempt = Supervisor(config, topology, argv, _generation(env, policy), policy, inbox)
@@ -483,7 +488,7 @@ class Supervisor:
                 action.do in (Do.TIME_OUT, Do.HOST_LOST) or action.do in DIAGNOSES
             ):  # ends as at --timeout
                 if action.do is Do.HOST_LOST:
-                    log.warning(action.why)
+                    _lost(self, action)
                 self._still_running = self.procs.running()
                 _send(proc.pid, signal.SIGTERM)
                 self.procs.signal_instances(signal.SIGTERM)
@@ -503,6 +508,15 @@ class Supervisor:
                     self._on_ready(fd)  # opened reads as closed: done
             else:
                 log.debug(action.why)
+
+
+def _lost(supervisor: Supervisor, action: Action) -> None:
+    """The job ends on a lost host: its ssh connections will not end by themselves, so none
+    is waited for, and its ssh master, which holds mpirun's output open, is stopped now."""
+    log.warning(action.why)
+    supervisor.procs.host_lost = True
+    if supervisor.watch is not None:
+        supervisor.watch.drop_lost()
 
 
 def _wait_s(supervisor: Supervisor) -> float | None:

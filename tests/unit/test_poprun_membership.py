@@ -9,7 +9,7 @@ from poprun.config.run_config import build
 from poprun.errors import EXIT_HOSTS_LOST
 from poprun.plan.environment import instance_values
 from poprun.plan.topology import on_hosts, plan
-from poprun.run.ending import Do, EndingPolicy, Evidence
+from poprun.run.ending import GRACE_S, LOST_GRACE_S, Do, EndingPolicy, Evidence
 from poprun.run.membership.members import (
     MAX_LOSSES,
     PROBE_EVERY_S,
@@ -148,6 +148,20 @@ def test_the_policy_ends_the_job_on_a_loss_and_relaunches_on_the_rest() -> None:
     ending = policy.ending(Evidence(instances=instances(3)))
     assert ending.hosts == ("h1", "h2") and "generation 1" in ending.restart
     assert policy.restarts == 0  # a membership change is not a restart
+
+
+def test_after_a_loss_mpirun_and_the_instances_are_killed_at_once_not_after_a_grace() -> None:
+    """The survivors wait in a collective for the lost host, where no handler runs: a grace
+    would only delay the relaunch (at the time-out, by contrast, they get one)."""
+    clock = Clock()
+    policy = EndingPolicy(clock, remote=True, max_restarts=0)
+    policy.membership = m = _members(clock, min_hosts=2)
+    policy.launched()
+    m.lose("h3", "it does not answer")
+    assert [a.do for a in policy.due()] == [Do.HOST_LOST]
+    clock.advance(LOST_GRACE_S)
+    assert [a.do for a in policy.due()] == [Do.KILL_MPIRUN]  # not first the instances only
+    assert LOST_GRACE_S < GRACE_S
 
 
 def test_the_policy_ends_with_exit_hosts_lost_below_min_hosts() -> None:

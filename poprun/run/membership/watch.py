@@ -91,6 +91,8 @@ class HostWatch:
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[bytes]] = set()
         self._stopped = False
+        #: The ssh check's masters (``poprun.run.ssh_check.SharedConnections``), if kept.
+        self.connections: ssh_check.SharedConnections | None = None
 
     def attach(
         self, instances: Sequence[InstancePlan], snapshot: Callable[[], list[InstanceFigures]]
@@ -102,6 +104,12 @@ class HostWatch:
         if self.lease is not None:
             self.lease.begin(self.membership.generation)
         self.membership.launched()
+
+    def drop_lost(self) -> None:
+        """The job ends on a loss: stop the lost hosts' ssh masters at once, which hold open
+        the output of mpirun's sessions with them (else mpirun's output outlives it)."""
+        if self.connections is not None:
+            self.connections.drop([loss.host for loss in self.membership.losses])
 
     def tick(self) -> None:
         """What was heard, the probes that ended, the probes to start."""
