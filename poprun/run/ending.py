@@ -46,6 +46,10 @@ LOST_GRACE_S = 0.2
 #: Once mpirun has exited: how long its output may take to reach its end (a pipe held open
 #: by a stray grandchild is given up on after this).
 DRAIN_S = 1.0
+#: ... or this long when the job ended on a lost host: the survivors were killed, their last
+#: words are in the pipes already, and a surviving host's ssh session (its master holds
+#: mpirun's output open) ends only once Open MPI's daemon there has noticed mpirun is gone.
+LOST_DRAIN_S = 0.2
 #: The longest single wait the supervisor makes: a far deadline (any ``--timeout``, days or
 #: years) is reached in steps, each well inside what ``epoll`` can wait (24.8 days).
 STEP_S = 3600.0
@@ -78,7 +82,8 @@ class Do(enum.Enum):
     DESYNC = "desync"
     #: Send mpirun ``signum`` (SIGUSR1), which it forwards to every instance: save now.
     NOTIFY = "notify"
-    #: A host is lost (:mod:`poprun.run.membership`): say so, end the job as at the time-out.
+    #: A host is lost (:mod:`poprun.run.membership`): say so, end the job as at the time-out
+    #: with ``signum`` (none: mpirun is already ending it; KILL_MPIRUN follows at once).
     HOST_LOST = "host-lost"
 
 
@@ -244,19 +249,22 @@ class EndingPolicy:
         self.now.exited.append(instance)
 
     def exit_reported(self, instance: int, record: ExitRecord) -> None:
-        """An instance on another host said how it ended (its wrapper's last stderr line).
-
-        It may come before mpirun's abort, after it, even after mpirun has exited: it counts
-        until the output ends.
-        """
-        self.now.reports.append((instance, record))
+        """An instance on another host said how it ended (its wrapper's last stderr line):
+        before mpirun's abort, after it, even after mpirun has exited (it counts until the
+        output ends). While nothing else ends the job the membership hears it too."""
+        now = self.now
+        now.reports.append((instance, record))
+        if self.membership is not None and _unprovoked(now):
+            self.membership.exited(instance, record.returncode)
 
     def mpirun_aborting(self) -> None:
-        """mpirun announced it is ending the job: it gets the grace period to finish."""
+        """mpirun announced it is ending the job: it gets the grace period to finish (and
+        every host of a job across hosts is asked at once whether it is there)."""
         now = self.now
         if now.exited_at_abort is None:
-            now.exited_at_abort = tuple(now.exited)
-            now.reports_at_abort = len(now.reports)
+            now.exited_at_abort, now.reports_at_abort = tuple(now.exited), len(now.reports)
+            if self.membership is not None:
+                self.membership.failing()
         now.kill_at = self._sooner(now.kill_at, self.clock() + self.grace_s)
 
     def mpirun_exited(self, returncode: int) -> list[Action]:
@@ -265,7 +273,7 @@ class EndingPolicy:
         now.returncode = returncode
         now.kill_at = None
         now.deadline = None
-        now.drain_until = self.clock() + DRAIN_S
+        now.drain_until = self.clock() + (LOST_DRAIN_S if now.lost else DRAIN_S)
         actions = [Action(Do.DRAIN, f"mpirun exited with status {returncode}")]
         return actions + self._maybe_stop_reading()
 
@@ -401,6 +409,13 @@ class EndingPolicy:
         return candidate if current is None else min(current, candidate)
 
 
+def _unprovoked(now: _Attempt) -> bool:
+    """Nothing has begun to end the attempt (an abort, a signal, the time-out, a verdict), and
+    no local instance has ended (poprun does not see its status): a remote instance's end is
+    then evidence about its host."""
+    return now.kill_at is None and now.returncode is None and not now.exited
+
+
 def _notify(why: str) -> Action:
     return Action(Do.NOTIFY, f"{why}: telling the instances to save now", NOTICE_SIGNAL)
 
@@ -431,11 +446,16 @@ def _lost_actions(policy: EndingPolicy, t: float) -> list[Action]:
             return [_notify(f"{', '.join(back)} answers again: readmitting it")]
     if not losses or policy.now.lost:
         return []
-    policy.now.lost = True
-    policy.now.instances_killed = True  # past the grace: mpirun and the instances, at once
-    policy.now.kill_at = policy._sooner(policy.now.kill_at, t + LOST_GRACE_S)
+    now = policy.now
+    now.lost = True
+    now.instances_killed = True  # past the grace: mpirun and the instances, at once
+    # mpirun already ending the job (an instance killed, a daemon gone): no SIGTERM (it
+    # would only print "abort is already in progress", and it can crash in its finalize)
+    aborting = now.exited_at_abort is not None
+    now.kill_at = policy._sooner(now.kill_at, t + (0.0 if aborting else LOST_GRACE_S))
     named = "; ".join(f"{loss.host}: {loss.why}" for loss in losses)
-    return [Action(Do.HOST_LOST, f"lost host {named}: ending what is left of the job")]
+    why = f"lost host {named}: ending what is left of the job"
+    return [Action(Do.HOST_LOST, why, signum=0 if aborting else signal.SIGTERM)]
 
 
 def _after_loss(policy: EndingPolicy, membership: Membership) -> Ending:

@@ -97,10 +97,7 @@ def supervise(
     try:
         while True:
             attempt = Supervisor(config, topology, argv, _generation(env, policy), policy, inbox)
-            attempt.watch = watch
-            if watch is not None:
-                watch.attach(topology.instances, attempt.board.snapshot)
-                attempt.procs.own_pids = watch.probe_pids
+            _watch_attempt(attempt, watch)
             if status is not None:
                 status.live.attach(
                     attempt.board.snapshot,
@@ -127,6 +124,18 @@ def supervise(
     finally:
         if watch is not None:
             watch.close()
+
+
+def _watch_attempt(attempt: Supervisor, watch: HostWatch | None) -> None:
+    """A job across hosts: the attempt's instances and progress to the host watch; its
+    probes are poprun's own processes. mpirun saying it lost a host's daemon is its abort
+    (it ends the job, though not with the box poprun reads as one): the policy hears it, so
+    every host is asked at once, and what ends after it is mpirun's doing."""
+    attempt.watch = watch
+    if watch is not None:
+        watch.attach(attempt.topology.instances, attempt.board.snapshot)
+        attempt.procs.own_pids = watch.probe_pids
+        attempt.output.on_daemon_lost = attempt.policy.mpirun_aborting
 
 
 def _policy(config: RunConfig, topology: Topology, env: Mapping[str, str]) -> EndingPolicy:
@@ -206,7 +215,7 @@ def _judge_hosts(
     now = policy.now
     if now.signals or now.timed_out or now.lost or now.returncode in (0, None):
         return
-    watch.probe_now(watch.membership.watched())
+    watch.probe_now(watch.membership.unasked())  # those asked since the abort answered
     if watch.membership.losses:  # a host that does not answer explains the failure
         return
     hosts = {plan.index: plan.host for plan in topology.instances}
@@ -484,11 +493,9 @@ class Supervisor:
                 _send(proc.pid, action.signum)  # mpirun forwards it to every instance
             elif action.do in DIAGNOSES and not self.progress.carry_out(action):
                 pass  # a note, or --on-hang=report: printed, the job goes on
-            elif (
-                action.do in (Do.TIME_OUT, Do.HOST_LOST) or action.do in DIAGNOSES
-            ):  # ends as at --timeout
-                if action.do is Do.HOST_LOST:
-                    _lost(self, action)
+            elif action.do is Do.HOST_LOST:
+                _lost(self, proc, action)
+            elif action.do is Do.TIME_OUT or action.do in DIAGNOSES:  # ends as at --timeout
                 self._still_running = self.procs.running()
                 _send(proc.pid, signal.SIGTERM)
                 self.procs.signal_instances(signal.SIGTERM)
@@ -510,13 +517,18 @@ class Supervisor:
                 log.debug(action.why)
 
 
-def _lost(supervisor: Supervisor, action: Action) -> None:
-    """The job ends on a lost host: its ssh connections will not end by themselves, so none
+def _lost(supervisor: Supervisor, proc: subprocess.Popen[bytes], action: Action) -> None:
+    """The job ends on a lost host, as at the time-out (SIGTERM, unless mpirun is already
+    ending it: ``action.signum``). Its ssh connections will not end by themselves, so none
     is waited for, and its ssh master, which holds mpirun's output open, is stopped now."""
     log.warning(action.why)
     supervisor.procs.host_lost = True
     if supervisor.watch is not None:
         supervisor.watch.drop_lost()
+    supervisor._still_running = supervisor.procs.running()
+    if action.signum:
+        _send(proc.pid, action.signum)
+        supervisor.procs.signal_instances(action.signum)
 
 
 def _wait_s(supervisor: Supervisor) -> float | None:

@@ -9,7 +9,16 @@ from poprun.config.run_config import build
 from poprun.errors import EXIT_HOSTS_LOST
 from poprun.plan.environment import instance_values
 from poprun.plan.topology import on_hosts, plan
-from poprun.run.ending import GRACE_S, LOST_GRACE_S, Do, EndingPolicy, Evidence
+from poprun.run.ending import (
+    DRAIN_S,
+    GRACE_S,
+    LOST_DRAIN_S,
+    LOST_GRACE_S,
+    Do,
+    EndingPolicy,
+    Evidence,
+)
+from poprun.run.evidence import ExitRecord
 from poprun.run.membership.members import (
     MAX_LOSSES,
     PROBE_EVERY_S,
@@ -188,3 +197,139 @@ def test_the_smaller_job_keeps_the_replicas_and_the_instances_per_host() -> None
     assert [v["POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"] for v in values] == ["0"] * 4
     assert [v["POPDIST_NUM_LOCAL_REPLICAS"] for v in values] == ["2", "2", "1", "1"]
     assert [v["POPDIST_REPLICA_INDEX_OFFSET"] for v in values] == ["0", "2", "4", "5"]
+
+
+def _placed(clock: Clock, **kw: object) -> Membership:
+    """Two instances on each host (0, 1 on h1; 2, 3 on h2; 4, 5 on h3)."""
+    m = Membership(HOSTS, clock, launch_host="h1", **kw)  # type: ignore[arg-type]
+    m.launched({i: HOSTS[i // 2] for i in range(6)})
+    return m
+
+
+def test_a_host_whose_instances_all_report_a_kill_is_lost_once_the_others_answer() -> None:
+    clock = Clock()
+    m = _placed(clock, min_hosts=2)
+    m.exited(4, -9)
+    assert m.to_probe() == ["h2", "h3"]  # a failure: every host is asked at once
+    m.exited(5, -9)
+    clock.advance(0.3)
+    m.answered("h3", True)
+    assert m.losses == ()  # h2 has not answered: it could explain the failure
+    m.answered("h2", True)
+    [loss] = m.take_losses()
+    assert (loss.host, loss.why) == ("h3", "its instances were killed (SIGKILL)")
+
+
+def test_a_kill_is_no_loss_when_another_host_does_not_answer() -> None:
+    """A crashed h3 takes h2's instances down with it (mpirun's daemon ends them, SIGTERM):
+    h3 does not answer, so h3 is lost, not h2."""
+    m = _placed(Clock(), min_hosts=2)
+    m.exited(2, -15)
+    m.exited(3, -15)
+    m.to_probe()
+    m.answered("h2", True)
+    m.answered("h3", False, "Connection refused")
+    assert [loss.host for loss in m.losses] == ["h3"]
+
+
+def test_a_kill_is_no_loss_when_another_failure_came_first_or_without_min_hosts() -> None:
+    m = _placed(Clock(), min_hosts=2)
+    m.exited(2, 1)  # h2's instance failed first (an exception): not a lost host
+    m.exited(4, -9)
+    m.exited(5, -9)
+    m.to_probe()
+    m.answered("h2", True)
+    m.answered("h3", True)
+    assert m.losses == ()
+    plain = _placed(Clock())  # no --min-hosts: a killed instance is a failure, as before
+    plain.exited(4, -9)
+    plain.exited(5, -9)
+    assert plain.to_probe() == [] and plain.losses == ()
+    clean = _placed(Clock(), min_hosts=2)
+    clean.exited(4, 0)  # ended well, then its neighbour killed: not every one was killed
+    clean.exited(5, -9)
+    clean.to_probe()
+    clean.answered("h2", True)
+    clean.answered("h3", True)
+    assert clean.losses == ()
+
+
+def test_a_failing_attempt_asks_every_host_at_once_and_only_once() -> None:
+    clock = Clock()
+    m = _placed(clock, min_hosts=2)
+    clock.advance(0.5)
+    m.heard("h2")
+    m.heard("h3")
+    assert m.to_probe() == [] and m.unasked() == ("h2", "h3")
+    m.failing()
+    assert m.next_time() == clock()
+    assert m.to_probe() == ["h2", "h3"]  # not silent, asked anyway
+    clock.advance(0.4)
+    m.answered("h2", True)
+    m.answered("h3", False, "Connection refused")
+    assert [loss.host for loss in m.losses] == ["h3"]
+    assert m.unasked() == ()  # h2 answered since, h3 is out: nothing to ask after
+    m.failing()  # once per attempt
+    assert m.to_probe() == []
+
+
+def test_a_killed_remote_host_ends_the_job_before_mpirun_does() -> None:
+    """The exit record of h3's instance (-9) arrives while the job runs: every host is
+    asked, and once h2 answers h3 is named and the job ended, not after mpirun's own
+    ending and a round of probes. After poprun or mpirun began ending the job, a kill is
+    theirs: the record is no evidence against the host."""
+    clock = Clock()
+    policy = EndingPolicy(clock, remote=True, max_restarts=0)
+    policy.membership = m = Membership(HOSTS, clock, launch_host="h1", min_hosts=2)
+    m.launched({0: "h1", 1: "h2", 2: "h3"})
+    policy.launched()
+    policy.exit_reported(2, ExitRecord(-9))
+    policy.mpirun_aborting()
+    assert m.to_probe() == ["h2", "h3"]
+    m.answered("h2", True)
+    [action] = policy.due()
+    assert action.do is Do.HOST_LOST and "h3: its instances were killed (SIGKILL)" in action.why
+    assert action.signum == 0  # mpirun is ending the job already: no SIGTERM, ...
+    assert [a.do for a in policy.due()] == [Do.KILL_MPIRUN]  # ... it is killed at once
+    for begin in ("abort", "signal"):
+        other = EndingPolicy(clock, remote=True, max_restarts=0)
+        other.membership = m2 = Membership(HOSTS, clock, launch_host="h1", min_hosts=2)
+        m2.launched({0: "h1", 1: "h2", 2: "h3"})
+        other.launched()
+        if begin == "abort":
+            other.mpirun_aborting()
+        else:
+            other.signal_received(2)
+        other.exit_reported(2, ExitRecord(-15))
+        for host in m2.to_probe():
+            m2.answered(host, True)
+        assert m2.losses == ()
+
+
+def test_after_a_loss_the_output_is_not_waited_for_long() -> None:
+    """A surviving host's ssh session holds mpirun's output until its daemon ends: after a
+    loss the job's output gets LOST_DRAIN_S, not DRAIN_S (the survivors were killed)."""
+    clock = Clock()
+    policy = EndingPolicy(clock, remote=True, max_restarts=0)
+    policy.membership = m = _members(clock, min_hosts=2)
+    policy.launched()
+    m.lose("h3", "it does not answer")
+    policy.due()
+    policy.mpirun_exited(-9)
+    clock.advance(LOST_DRAIN_S)
+    assert [a.do for a in policy.due()] == [Do.STOP_READING]
+    assert LOST_DRAIN_S < DRAIN_S
+
+
+def test_a_host_heard_from_after_the_failure_counts_as_answering() -> None:
+    """The survivors' lease heartbeats (once a second) come before an ssh probe's answer on
+    a loaded machine: heard from since the failure, a host explains nothing."""
+    clock = Clock()
+    m = _placed(clock, min_hosts=2)
+    m.exited(4, -9)
+    m.exited(5, -9)
+    clock.advance(0.2)
+    m.heard("h2", at=clock() - 0.3)  # before the failure: no evidence
+    assert m.losses == () and m.unasked() == ("h2", "h3")
+    m.heard("h2")
+    assert [loss.host for loss in m.losses] == ["h3"]

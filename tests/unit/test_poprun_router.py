@@ -51,3 +51,17 @@ def test_pids_records_tracebacks_and_the_abort_reach_the_result(
     assert code == 1 and report.startswith("poprun: instance 0 failed first")
     assert "    OSError: disk full" in report
     assert "Primary job" not in capsys.readouterr().err  # mpirun's note was swallowed
+
+
+def test_mpirun_losing_a_daemon_is_told_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """mpirun's words for a lost daemon (a crashed host) tell the membership to ask every
+    host at once; they are no abort of the job's own, and the user still sees them."""
+    lost: list[int] = []
+    out = _output([], [])
+    out.on_daemon_lost = lambda: lost.append(1)
+    out.on_untagged(b"An MPI communication peer process has unexpectedly disconnected.\n")
+    assert lost == []
+    out.on_untagged(b"ORTE has lost communication with a remote daemon.\n")
+    out.on_untagged(b"ORTE has lost communication with a remote daemon.\n")
+    assert lost == [1] and not out.messages.aborting
+    assert "lost communication" in capsys.readouterr().err

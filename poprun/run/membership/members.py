@@ -1,7 +1,7 @@
 """Membership (pure): which hosts are in the job, its generation, the hosts lost and readmitted.
 
 A job across hosts keeps one :class:`Membership` for its whole life (every attempt). The
-supervisor's side (:mod:`poprun.run.host_watch`) tells it when a host was last heard from (a
+supervisor's side (:mod:`poprun.run.membership.watch`) tells it when a host was last heard from (a
 progress record or a lease heartbeat from any instance there) and how each probe of a host
 ended (does it answer ssh?); the membership says which hosts to probe, and when a host is
 *lost*. The ending policy (:mod:`poprun.run.ending`) ends the job on a loss and asks
@@ -13,8 +13,12 @@ A host is lost when
 - it has been silent for :data:`SILENT_S` (no record from any instance there) *and* it does
   not answer a probe: a silent host that answers is slow or busy (a long evaluation, a C call
   that holds the GIL), never lost; the hang clock (``--hang-timeout``) judges it as before;
-- or, after an attempt failed, it does not answer, or its instances were all killed by a
-  signal and hold the job's first failure (:meth:`Membership.killed`).
+- or, once the attempt fails (mpirun announces its abort, :meth:`Membership.failing`), it
+  does not answer: every member is asked at once, so a crashed host is named while mpirun
+  is still ending the job, not after;
+- or (``--min-hosts``) its instances all reported their end by a signal, and the job's first
+  failure is theirs (:meth:`Membership.exited`, from the instances' own exit records as they
+  arrive; :meth:`Membership.killed` after the attempt).
 
 The launch host is never watched: poprun runs there, so its loss is poprun's, and it ends
 the job (as torchrun's rendezvous host or Horovod's driver do).
@@ -27,7 +31,7 @@ Reads time only from the clock it is given: its unit tests drive it with a fake 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 #: No record from any instance of a host for this long: ask the host whether it is there.
@@ -65,6 +69,8 @@ class _Host:
     heard_at: float = 0.0
     probing: bool = False
     probed_at: float | None = None
+    #: Ask it at once, whatever its silence (the attempt is failing).
+    asked: bool = False
     losses: int = 0
     #: Lost now (out of the job until readmitted).
     out: bool = False
@@ -89,6 +95,11 @@ class Membership:
     _state: dict[str, _Host] = field(default_factory=dict)
     _losses: list[Loss] = field(default_factory=list)  # this attempt's, in order
     _taken: int = 0
+    #: This attempt's instances on their hosts, and their exit records so far (in order).
+    _placement: dict[int, str] = field(default_factory=dict)
+    _exits: list[tuple[int, int]] = field(default_factory=list)
+    #: When this attempt started failing (mpirun's abort), if it has.
+    _failing_at: float | None = None
 
     def __post_init__(self) -> None:
         self.members = self.members or self.hosts
@@ -96,20 +107,24 @@ class Membership:
 
     # --- events -------------------------------------------------------------------------
 
-    def launched(self) -> None:
-        """An attempt started on :attr:`members`: their silence counts from now."""
+    def launched(self, placement: Mapping[int, str] | None = None) -> None:
+        """An attempt started on :attr:`members` (``placement``: each instance's host): their
+        silence counts from now."""
         now = self.clock()
         for host, state in self._state.items():
-            state.probing = False  # a probe of the last attempt was dropped
+            state.probing = state.asked = False  # a probe of the last attempt was dropped
             if host in self.members:
                 state.heard_at, state.probed_at = now, None
         self._losses, self._taken = [], 0
+        self._placement, self._exits, self._failing_at = dict(placement or {}), [], None
 
     def heard(self, host: str, at: float | None = None) -> None:
         """Something of ``host``'s instances reached poprun (at ``at``, default now)."""
         state = self._state.get(host)
         if state is not None:
             state.heard_at = max(state.heard_at, self.clock() if at is None else at)
+            if self._known(host):
+                self._judge_killed()  # alive after the failure: it explains nothing
 
     def answered(self, host: str, ok: bool, why: str = "") -> None:
         """A probe of ``host`` ended: it answered (``ok``) or not (``why``)."""
@@ -119,6 +134,7 @@ class Membership:
             state.back = ok and self.readmit and state.losses < self.max_losses
         elif not ok and host in self.members:
             self.lose(host, f"no answer: {why}" if why else "no answer")
+        self._judge_killed()
 
     def lose(self, host: str, why: str) -> None:
         """``host`` is lost (once per attempt)."""
@@ -128,6 +144,62 @@ class Membership:
         state.out, state.back = True, False
         state.losses += 1
         self._losses.append(Loss(host, why, self.clock()))
+
+    def failing(self) -> None:
+        """The attempt is failing (an instance failed, or mpirun announced its abort), with
+        ``--min-hosts``: ask every member at once whether it is there. A host that does not
+        answer explains the failure: named now, the job ends at once, not after mpirun's own
+        ending and a round of probes."""
+        if self._failing_at is not None or self.min_hosts is None:
+            return
+        self._failing_at = self.clock()
+        for host in self.watched():
+            self._state[host].asked = True
+
+    def unasked(self) -> tuple[str, ...]:
+        """The members (not lost) neither heard from nor answering since the attempt started
+        failing (all of them, if it has not): after the attempt, only these need asking."""
+        return tuple(h for h in self.watched() if not self._state[h].out and not self._known(h))
+
+    def _known(self, host: str) -> bool:
+        """Heard from, or answering a probe, since the attempt started failing."""
+        at, state = self._failing_at, self._state[host]
+        return at is not None and (state.heard_at > at or (state.probed_at or -1.0) >= at)
+
+    def exited(self, instance: int, returncode: int) -> None:
+        """A remote instance's own exit record (``Popen`` style) while nothing else ends the
+        job (no abort, no signal of poprun's: those kills are not the host's doing). With
+        ``--min-hosts``, a failure makes every member be asked (:meth:`failing`); a host whose
+        instances all ended by a signal, and which holds the first failure, is then lost once
+        every other member has answered or been heard from since (:meth:`killed`): a host
+        that does not answer would explain the failure instead (a crashed host's daemon takes
+        its neighbours' instances down)."""
+        if self.min_hosts is None or instance not in self._placement:
+            return
+        self._exits.append((instance, returncode))
+        if returncode != 0:
+            self.failing()
+            self._judge_killed()
+
+    def _judge_killed(self) -> None:
+        suspect = self._killed_host()
+        if suspect is None or self._losses:
+            return
+        host, signals = suspect
+        if all(h == host or h not in self.unasked() for h in self.watched()):
+            self.killed(host, signals)
+
+    def _killed_host(self) -> tuple[str, list[int]] | None:
+        """The host of the first failure, if every instance there reported a signal."""
+        failed = [(i, code) for i, code in self._exits if code != 0]
+        if not failed:
+            return None
+        first = self._placement[failed[0][0]]
+        ended = dict(failed)
+        on_host = [i for i, host in self._placement.items() if host == first]
+        if all(ended.get(i, 0) < 0 for i in on_host):
+            return first, [-ended[i] for i in on_host]
+        return None
 
     def killed(self, host: str, signals: Iterable[int]) -> None:
         """After a failed attempt: every instance of ``host`` ended by these signals and it
@@ -155,8 +227,9 @@ class Membership:
             else:
                 wanted = host in self.members and now - state.heard_at >= SILENT_S
                 every = PROBE_EVERY_S
-            if wanted and (state.probed_at is None or now - state.probed_at >= every):
-                state.probing = True
+            asked = state.asked and not state.out
+            if asked or (wanted and (state.probed_at is None or now - state.probed_at >= every)):
+                state.probing, state.asked = True, False
                 due.append(host)
         return due
 
@@ -189,7 +262,9 @@ class Membership:
             state = self._state[host]
             if state.probing or host == self.launch_host:
                 continue
-            if state.out:
+            if state.asked and not state.out:
+                times.append(self.clock())
+            elif state.out:
                 if self.readmit and not state.back and state.losses < self.max_losses:
                     times.append((state.probed_at or 0.0) + READMIT_EVERY_S)
             elif host in self.members:

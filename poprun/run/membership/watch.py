@@ -103,7 +103,7 @@ class HostWatch:
         self._stopped = False
         if self.lease is not None:
             self.lease.begin(self.membership.generation)
-        self.membership.launched()
+        self.membership.launched(self._hosts)
 
     def drop_lost(self) -> None:
         """The job ends on a loss: stop the lost hosts' ssh masters at once, which hold open

@@ -24,6 +24,13 @@ from poprun.run.output.instance_stream import InstanceStream, open_output_file
 from poprun.run.progress.board import ProgressBoard, parse_line
 from poprun.run.verdict import InstanceResult
 
+#: mpirun's words when it has lost the daemon of a host (crashed, or its link gone): it ends
+#: the job, though not with a box :class:`MpirunMessages` takes for its abort.
+DAEMON_LOST = (
+    "ORTE has lost communication with a remote daemon",
+    "An ORTE daemon has unexpectedly failed",
+)
+
 
 class JobOutput:
     """Route one job's output; remember what the verdict needs."""
@@ -54,6 +61,8 @@ class JobOutput:
         self._exited: set[int] = set()  # instances whose exit status came
         self._append = append  # a restart adds to the files of the attempt before
         self._aborting = False
+        #: Told once when mpirun says it lost a daemon (:data:`DAEMON_LOST`).
+        self.on_daemon_lost: Callable[[], None] | None = None
         #: The instances' progress records, with the job's secret (:mod:`popdist.progress`).
         self.board = board
         self._secret = secret
@@ -106,6 +115,9 @@ class JobOutput:
         for line in self.messages.feed_line(text):
             sys.stderr.write(line + "\n")
         log.debug(f"mpirun: {text.rstrip()}")
+        if self.on_daemon_lost is not None and any(words in text for words in DAEMON_LOST):
+            self.on_daemon_lost()
+            self.on_daemon_lost = None
         if self.messages.aborting and not self._aborting:
             self._aborting = True
             self._on_abort()
