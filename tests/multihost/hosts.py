@@ -323,6 +323,19 @@ class Hosts:
             *argv,
         ]
 
+    def own_disks(self, path: Path) -> None:
+        """Give every host a disk of its own at ``path``: a tmpfs mounted in its mount
+        namespace (private: the mount propagates nowhere). What one host writes there no
+        other host sees, nor this machine; a host's disk goes with its last process."""
+        path.mkdir(parents=True, exist_ok=True)
+        for host in self.names:
+            _run(*self.on(host, ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)]))
+
+    def read(self, host: str, path: Path) -> bytes | None:
+        """``path``'s bytes as ``host`` sees them (its own disks included); None if absent."""
+        done = subprocess.run(self.on(host, ["cat", str(path)]), capture_output=True)
+        return done.stdout if done.returncode == 0 else None
+
     def leftovers(self) -> dict[str, list[str]]:
         """Processes still running in each host's namespace, besides its sshd listener."""
         out: dict[str, list[str]] = {}

@@ -198,6 +198,51 @@ def lost_host_run(
         assert log.read_text() == logged  # it trained (and saved) nothing after the cut
 
 
+def test_without_a_shared_file_system_instance_0s_host_lost_resumes_from_a_survivor(
+    reference: Path, tmp_path: Path
+) -> None:
+    """No shared file system: every host keeps its checkpoint on a disk of its own (a tmpfs
+    only it sees, at the same path everywhere), and instance 0 runs on h2, not on the launch
+    host h1 (``-H h2,h3,h1``). h2 crashes, its disk with it; the smaller job (instance 0 now
+    on h3) resumes from the copy a survivor holds, with the uninterrupted run's samples and
+    weights, and nothing is left on any host."""
+    own = Hosts(3)  # a crash kills h2's sshd too: these hosts go with the test
+    try:
+        disk = tmp_path / "disk"
+        own.own_disks(disk)
+        subprocess.run(own.on("h2", ["touch", str(disk / "h2-only")]), check=True)
+        assert own.read("h2", disk / "h2-only") == b"" and own.read("h3", disk / "h2-only") is None
+        ckpt = disk / "ckpt.pt"
+        program = [*PROGRAM, str(tmp_path), STEPS, "0.3", str(ckpt)]
+        job = Job(own, "--num-instances", "3", "--num-replicas", "6", "-H", "h2,h3,h1",
+                  "--min-hosts", "2", *program)  # fmt: skip
+        wait_for_step(job, tmp_path / "log" / "0.g0", FAULT_AFTER)  # instance 0, on h2
+        copies = {host: own.read(host, ckpt) for host in own.names}
+        assert all(copies.values()), "every host holds a copy of its own"
+        assert not ckpt.exists()  # ... on its own disk: this machine sees none of them
+        own.crash("h2")
+        assert job.wait() == 0, job.text
+        assert "lost host h2" in job.text, job.text
+        assert "launching the job again on h3, h1 (generation 1)" in job.text, job.text
+        # h2's copy went with it: instance 0 (now on h3) started from a survivor's copy
+        started = [line for line in job.text.splitlines() if "START 0 g1 step " in line]
+        assert started and int(started[0].rsplit(" ", 1)[1]) >= FAULT_AFTER - 1, job.text
+        for host in ("h3", "h1"):
+            data = own.read(host, ckpt)
+            assert data is not None, f"{host} holds no copy"
+            local = tmp_path / f"copy-{host}.pt"
+            local.write_bytes(data)
+            saved = read_checkpoint(local)  # complete, verified (its SHA-256)
+            assert (saved["generation"], saved["step"]) == (1, int(STEPS)), host
+        assert samples(tmp_path) == samples(reference)  # none skipped, none repeated
+        want, got = weights(reference), weights(tmp_path)
+        for name, value in want.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-7)
+        assert own.wait_clean(within=10.0) == {}
+    finally:
+        own.close()
+
+
 def test_below_min_hosts_the_job_ends_with_69_and_its_checkpoint(
     clean_hosts: Hosts, tmp_path: Path
 ) -> None:
