@@ -297,10 +297,11 @@ def _check_membership(
 ) -> None:
     """``--min-hosts`` needs hosts to lose and at most their number; ``--readmit`` needs it."""
     least = values.get("min_hosts")
-    if least is not None and allocation is not None:
+    if values.get("readmit") and allocation is not None:
         raise PoprunError(
-            "--min-hosts", least, f"is not supported inside a Slurm job ({allocation.job_id})",
-            "leave --min-hosts out inside Slurm (see docs/elastic.md)",
+            "--readmit", "yes", f"is not supported inside a Slurm job ({allocation.job_id}): "
+            "a lost node comes back to Slurm, not to this job",
+            "leave --readmit out inside Slurm (--min-hosts works; see docs/elastic.md)",
         )  # fmt: skip
     if least is not None:
         if len(hosts) < 2:

@@ -135,7 +135,12 @@ def _poprun_mca(
     per_host = max(plan.num_local_instances for plan in topology.instances)
     if 2 * per_host > local_cpus:
         wanted.append(YIELD_MCA)
-    if topology.allocation is not None and topology.allocation.in_step:
+    # Inside an srun step, mpirun's own srun shares the step's resources; with --min-hosts,
+    # the job launched again after a lost node too: the lost node's step never completes,
+    # and a new step on the rest would wait for its resources (Slurm frees them only once
+    # it declares the node down).
+    allocation = topology.allocation
+    if allocation is not None and (allocation.in_step or config.min_hosts is not None):
         wanted.append(STEP_MCA)
     out = []
     for name, value in wanted:

@@ -289,3 +289,14 @@ def check_hosts(
                 f"use fewer instances, or name more of the job's nodes with {option}, or ask "
                 "Slurm for more tasks per node (--ntasks-per-node)",
             )
+
+
+def node_addresses(text: str) -> dict[str, str]:
+    """``{node: address}`` from ``scontrol show node -o`` (one ``NodeName=... NodeAddr=...``
+    line a node): where Slurm itself reaches each node, when its name does not resolve."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
+        if fields.get("NodeName") and fields.get("NodeAddr"):
+            out[fields["NodeName"]] = fields["NodeAddr"]
+    return out

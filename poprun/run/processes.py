@@ -122,7 +122,9 @@ class JobProcesses:
         mpirun's own ssh connections get :data:`LAUNCH_GRACE_S` to end first, unless the job
         ends on a lost host (:attr:`host_lost`), whose connection would not end."""
         keep = keep | self._not_ours | self.own_pids()
-        if self.topology.allocation is not None and self.mpirun_pid not in keep:
+        # (after a lost node, mpirun's srun to it does not end by itself either)
+        slurm = self.topology.allocation is not None and not self.host_lost
+        if slurm and self.mpirun_pid not in keep:
             self._let_launchers_end(keep)
         found = leftovers.left_behind(keep)
         # mpirun's own ssh connections to its daemons may outlive it by a moment: poprun's

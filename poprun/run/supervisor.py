@@ -36,7 +36,12 @@ from poprun.run.ending import Action, Do, Ending, EndingPolicy, Evidence
 from poprun.run.evidence import ExitRecord
 from poprun.run.membership.lease import LeaseServer, facing_address
 from poprun.run.membership.members import Membership
-from poprun.run.membership.watch import HostWatch, probe_command
+from poprun.run.membership.watch import (
+    HostWatch,
+    probe_command,
+    slurm_addresses,
+    slurm_probe,
+)
 from poprun.run.output.fifos import DirectOutput, enlarge_pipe
 from poprun.run.output.router import JobOutput
 from poprun.run.output.tags import TagDemux
@@ -108,6 +113,8 @@ def supervise(
             evidence = attempt.run()
             if watch is not None and config.min_hosts is not None:
                 _judge_hosts(policy, watch, topology, evidence)
+            if watch is not None:
+                watch.stop_probes()  # none outlives its attempt
             ending = policy.ending(evidence)
             attempt.progress_view.print_report()  # the per-instance table, the straggler
             _report(ending, env)
@@ -174,9 +181,11 @@ def _report(ending: Ending, env: Mapping[str, str]) -> None:
 def _watch_hosts(
     config: RunConfig, topology: Topology, env: dict[str, str], policy: EndingPolicy
 ) -> HostWatch | None:
-    """A job across hosts: its membership, the probes, the lease (``env`` gets its address)."""
+    """A job across hosts: its membership, the probes, the lease (``env`` gets its address).
+    Inside a Slurm job only with ``--min-hosts``, its nodes probed by steps of the job."""
     remote = [host for host in topology.hosts if not is_local(host)]
-    if not remote or topology.allocation is not None:  # Slurm's nodes: no ssh to probe them
+    allocation = topology.allocation
+    if not remote or (allocation is not None and config.min_hosts is None):
         return None
     launch = next((host for host in topology.hosts if is_local(host)), None)
     membership = Membership(
@@ -191,11 +200,15 @@ def _watch_hosts(
     # The lease only with --min-hosts: exported to a job without it, a SIGKILLed poprun's
     # mpirun was seen to leave its local instances running (cause not found yet).
     address = facing_address(remote) if config.min_hosts is not None else None
+    if address is None and allocation is not None:  # a node's name may not resolve here
+        address = facing_address(slurm_addresses(remote, env))
     if address is not None:
         lease = LeaseServer(address, env[contract.PROGRESS])
         env[contract.LEASE] = lease.address
     elif config.min_hosts is not None:
         log.warning(f"no address of this host reaches {remote[0]}: the instances hold no lease")
+    if allocation is not None:
+        return HostWatch(membership, slurm_probe(allocation.job_id, env), lease)
     return HostWatch(membership, probe_command(config.global_args(), env), lease)
 
 
@@ -451,8 +464,8 @@ class Supervisor:
         proc.stdout.close()
         proc.stderr.close()
         self.procs.signal_instances(signal.SIGKILL)  # any instance that outlived mpirun
-        if self.watch is not None:  # its ssh probes are poprun's, not the job's leftovers
-            self.watch.stop_probes()
+        if self.watch is not None:  # its probes are poprun's, not the job's leftovers
+            self.watch.stop_probes(unless_failing=True)  # (their answers may be wanted next)
         self.procs.kill_left_behind(keep={proc.pid} if proc.poll() is None else set())
         if self.policy.now.mpirun_killed:
             self.procs.remove_session_files(self.env)

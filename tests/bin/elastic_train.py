@@ -6,9 +6,11 @@ instance appends ``STEP GENERATION INDEX,INDEX,...`` for each step it trained to
 ``DIR/log/<instance>.g<generation>`` (``POPDIST_GENERATION``, 0 without it), so a test can
 take, for every step, the newest generation's samples and compare their multiset with an
 uninterrupted run's. ``PAUSE_S`` (default 0.3) after each step paces the run so a fault can
-land in its middle. At poprun's save-now notice (``popdist.should_stop()``, after the
-step's checkpoint) it stops there and prints ``STOPPED``. At the end each instance writes its weights to
-``DIR/final.<instance>.pt`` and prints ``OK <instance> <generation> <instances>``.
+land in its middle; while ``DIR/hold`` exists the run waits after each step (a test holds the
+job until something outside it has happened: Slurm declaring a node down). At poprun's
+save-now notice (``popdist.should_stop()``, after the step's checkpoint) it stops there and
+prints ``STOPPED``. At the end each instance writes its weights to ``DIR/final.<instance>.pt``
+and prints ``OK <instance> <generation> <instances>``.
 
 Checkpoints: ``CKPT`` (default ``DIR/ckpt.pt``), one copy per host unless the hosts share
 the file (:mod:`popdist_torch.host_copies`); the resume takes the newest copy any host has. A
@@ -135,6 +137,8 @@ def main() -> None:
             print(f"STOPPED {instance} g{generation} step {step}", flush=True)
             return
         time.sleep(pause)
+        while (directory / "hold").exists():
+            time.sleep(0.05)
     torch.save(model.state_dict(), directory / f"final.{instance}.pt")
     print(f"OK {instance} {generation} {popdist.getNumInstances()}", flush=True)
 

@@ -174,10 +174,14 @@ def _comm(pid: int) -> str:
 class SlurmCluster:
     """``slurmctld`` and ``nodes`` slurmds (``n1``, ``n2``, ...) with ``cpus`` CPUs each."""
 
-    def __init__(self, nodes: int = 2, cpus: int = 4, partition: str = "debug") -> None:
+    def __init__(
+        self, nodes: int = 2, cpus: int = 4, partition: str = "debug", extra: Sequence[str] = ()
+    ) -> None:
         self.node_names = tuple(f"n{i}" for i in range(1, nodes + 1))
         self.cpus = cpus
         self.partition = partition
+        #: More ``slurm.conf`` lines (``SlurmdTimeout=5``: a lost node declared down soon).
+        self.extra = tuple(extra)
         self.dir = Path(tempfile.mkdtemp(prefix="slurm-"))
         self.conf = self.dir / "slurm.conf"
         self.daemons: dict[str, subprocess.Popen[bytes]] = {}
@@ -225,6 +229,7 @@ class SlurmCluster:
             f"NodeName={nodes} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 "
             f"CPUs={self.cpus} Port={ports}",
             f"PartitionName={self.partition} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP",
+            *self.extra,
         ]
         self.conf.write_text("\n".join(lines) + "\n")
 
@@ -364,10 +369,22 @@ class SlurmCluster:
 
     # --- this cluster's processes ----------------------------------------------------------
 
-    def step_daemons(self) -> list[int]:
-        """Live ``slurmstepd`` processes of this cluster: those holding a Unix socket under
-        its spool directory (``<node>_<job>.<step>``)."""
-        spool = f"{self.dir}/spool/"
+    def lose(self, node: str) -> list[int]:
+        """The node lost as a crashed machine loses it: SIGKILL, by pid, its slurmd, its step
+        daemons and everything under them (Open MPI's daemon, the instances). Returns the
+        pids killed. Slurm notices only when slurmctld's pings go unanswered."""
+        doomed = _tree([self.daemons[node].pid, *self.step_daemons(node)])
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.daemons[node].wait()
+        reap_children()
+        return doomed
+
+    def step_daemons(self, node: str = "") -> list[int]:
+        """Live ``slurmstepd`` processes of this cluster (of ``node`` only, if given): those
+        holding a Unix socket under its spool directory (``<node>_<job>.<step>``)."""
+        spool = f"{self.dir}/spool/{node + '/' if node else ''}"
         inodes: set[str] = set()
         with contextlib.suppress(OSError), open("/proc/net/unix") as table:
             for line in table:

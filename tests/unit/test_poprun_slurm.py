@@ -309,7 +309,26 @@ def test_print_topology_shows_the_allocation_read() -> None:
     assert "srun step" in line
 
 
-def test_min_hosts_is_refused_inside_a_slurm_job() -> None:
-    """Its nodes are not probed over ssh: --min-hosts is refused in one line (docs/elastic.md)."""
-    with pytest.raises(PoprunError, match=r"^--min-hosts=1: is not supported inside a Slurm job"):
-        _config(SALLOC, min_hosts="1", num_replicas="4")
+def test_min_hosts_inside_a_slurm_job_and_readmit_refused() -> None:
+    """--min-hosts works inside a Slurm job (its nodes probed by steps of the job); --readmit
+    does not (a lost node goes back to Slurm), refused in one line (docs/elastic.md)."""
+    config = _config(SALLOC, min_hosts="1", num_replicas="4")
+    assert config.min_hosts == 1 and config.hosts == ("n1", "n2")
+    # the job again on n1 only: its daemons' step overlaps the lost node's, which Slurm
+    # completes only once it declares the node down
+    argv = _argv(config)
+    at = argv.index(STEP_MCA[0])
+    assert argv[at - 1 : at + 2] == ["--mca", *STEP_MCA]
+    with pytest.raises(PoprunError, match=r"^--readmit=yes: is not supported inside a Slurm job"):
+        _config(SALLOC, min_hosts="1", readmit="yes", num_replicas="4")
+
+
+def test_node_addresses_from_scontrol() -> None:
+    from poprun.plan.slurm import node_addresses
+
+    text = (
+        "NodeName=n1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.1 NodeHostName=vm Port=7001\n"
+        "NodeName=n2 Arch=x86_64 NodeAddr=10.0.0.2 NodeHostName=vm State=DOWN*\n"
+        "garbage\n"
+    )
+    assert node_addresses(text) == {"n1": "10.0.0.1", "n2": "10.0.0.2"}

@@ -156,6 +156,11 @@ class Membership:
         for host in self.watched():
             self._state[host].asked = True
 
+    @property
+    def failing_since(self) -> float | None:
+        """When this attempt started failing (:meth:`failing`), if it has."""
+        return self._failing_at
+
     def unasked(self) -> tuple[str, ...]:
         """The members (not lost) neither heard from nor answering since the attempt started
         failing (all of them, if it has not): after the attempt, only these need asking."""

@@ -12,7 +12,10 @@ A probe is the launch agent mpirun uses (``ssh`` unless ``plm_rsh_agent`` says o
 connection may be the one that is dead) and a short time-out: ``AGENT -o ControlPath=none
 -o ConnectTimeout=3 HOST true``. It tells a crashed host (refused), a cut one (no answer)
 and a frozen one (the kernel accepts the connection, but sshd, stopped, never sends its
-greeting) from a busy one (it answers).
+greeting) from a busy one (it answers). Inside a Slurm job, where mpirun starts its daemons
+through ``srun`` and the nodes need not take ssh, a probe is a step of the job on that node:
+``srun --jobid=JOB --overlap -N1 -n1 -w NODE true`` (:func:`slurm_probe`); a node whose
+slurmd is gone or stopped does not answer it within the probe's time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from poprun import log
+from poprun.plan.slurm import node_addresses
 from poprun.plan.topology import InstancePlan
 from poprun.run import ssh_check
 from poprun.run.membership.lease import LeaseServer
@@ -39,8 +43,48 @@ PROBE_TIMEOUT_S = 3
 POLL_S = 0.25
 
 
-def probe_command(global_args: Sequence[str], environ: Mapping[str, str]) -> list[str] | None:
-    """The agent, less any ``-o ControlPath=...`` (the probe opens its own connection)."""
+#: How a probe runs: (host, shell command) -> argv.
+Prober = Callable[[str, str], list[str]]
+
+
+def probe_command(global_args: Sequence[str], environ: Mapping[str, str]) -> Prober | None:
+    """The ssh probe: the agent, less any ``-o ControlPath=...`` (it opens its own
+    connection), in batch mode with a short time-out."""
+    words = ssh_agent(global_args, environ)
+    if words is None:
+        return None
+    argv = [*words, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={PROBE_TIMEOUT_S}"]
+    return lambda host, remote: [*argv, host, remote]
+
+
+def slurm_probe(job_id: str, environ: Mapping[str, str]) -> Prober | None:
+    """The probe inside a Slurm job: a one-task step of the job on the node, beside the
+    job's own steps (``--overlap``); None when ``srun`` is not on ``PATH``."""
+    import shutil
+
+    srun = shutil.which("srun", path=environ.get("PATH"))
+    if srun is None:
+        return None
+    argv = [srun, f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "--quiet"]
+    return lambda host, remote: [*argv, f"--nodelist={host}", "/bin/sh", "-c", remote]
+
+
+def slurm_addresses(nodes: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """Where Slurm reaches ``nodes`` (their ``NodeAddr``, ``scontrol show node``), in order;
+    empty when scontrol does not answer within a few seconds."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(nodes)], env=dict(environ),
+            capture_output=True, text=True, timeout=PROBE_TIMEOUT_S + 2, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = node_addresses(done.stdout)
+    return [found[node] for node in nodes if node in found]
+
+
+def ssh_agent(global_args: Sequence[str], environ: Mapping[str, str]) -> list[str] | None:
+    """The agent, less any ``-o ControlPath=...``, with no master of its own."""
     words = ssh_check.agent(global_args, environ)
     if words is None:
         return None
@@ -76,7 +120,7 @@ class HostWatch:
     def __init__(
         self,
         membership: Membership,
-        command: list[str] | None,
+        command: Prober | None,
         lease: LeaseServer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -135,11 +179,18 @@ class HostWatch:
             self._probes[host] = self._pool.submit(self._probe, host)
 
     def probe_now(self, hosts: Sequence[str]) -> None:
-        """Ask ``hosts`` at once and wait for the answers (after a failed attempt)."""
+        """Ask ``hosts`` at once and wait for the answers (after a failed attempt); a probe
+        still out since the failure began is waited for, not asked again."""
         if self.command is None or not hosts:
             return
         self._stopped = False
-        for host, why in zip(hosts, self._pool.map(self._probe, hosts), strict=True):
+        asked = {}
+        for host in hosts:
+            out = self._probes.pop(host) if host in self._probes else None
+            asked[host] = out or self._pool.submit(self._probe, host)
+        for host, future in asked.items():
+            why = future.result()
+            log.debug(f"probe of {host}: {why or 'it answers'}")
             self.membership.answered(host, not why, why)
 
     def wait_s(self) -> float | None:
@@ -167,9 +218,13 @@ class HostWatch:
         with self._lock:
             return {proc.pid for proc in self._running}
 
-    def stop_probes(self) -> None:
+    def stop_probes(self, *, unless_failing: bool = False) -> None:
         """The attempt is ending: kill the probes still out (by pid, each its own session),
-        so none outlives the job; their answers are dropped (the next attempt asks anew)."""
+        so none outlives the job; their answers are dropped (the next attempt asks anew).
+        ``unless_failing``: not while the attempt is failing (``--min-hosts``), whose probes
+        :meth:`probe_now` then waits for."""
+        if unless_failing and self.membership.failing_since is not None:
+            return
         with self._lock:
             self._stopped = True
             running = list(self._running)
@@ -183,17 +238,17 @@ class HostWatch:
     def _ask(self, host: str, remote: str) -> str:
         """Run ``remote`` on ``host`` through the agent: empty when it succeeds, else why."""
         assert self.command is not None
-        argv = [*self.command, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={PROBE_TIMEOUT_S}"]
+        argv = self.command(host, remote)
         with self._lock:
             if self._stopped:
                 return ""
             try:
                 proc = subprocess.Popen(
-                    [*argv, host, remote], stdin=subprocess.DEVNULL,
+                    argv, stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                 )  # fmt: skip
             except OSError as error:
-                return f"cannot run {self.command[0]}: {error.strerror}"
+                return f"cannot run {argv[0]}: {error.strerror}"
             self._running.add(proc)
         try:
             _, err = proc.communicate(timeout=PROBE_TIMEOUT_S + 2)
@@ -201,7 +256,7 @@ class HostWatch:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-            return f"no answer within {PROBE_TIMEOUT_S + 2} s"
+            return f"nothing within {PROBE_TIMEOUT_S + 2} s"
         finally:
             with self._lock:
                 self._running.discard(proc)
