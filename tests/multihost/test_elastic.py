@@ -9,7 +9,6 @@ intact, and a busy instance (a C call holding the GIL, a long evaluation) is no 
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ import torch
 
 from popdist_torch.checkpoint import read_checkpoint
 from tests.multihost.hosts import Hosts
+from tests.support.elastic_logs import samples, weights
 from tests.support.jobs import ROOT, job_env, poprun_argv
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
@@ -75,25 +75,6 @@ class Job:
     def first(self, words: str) -> float | None:
         """When the first line holding ``words`` arrived."""
         return next((at for at, line in self.lines if words in line), None)
-
-
-def samples(directory: Path) -> dict[int, collections.Counter[int]]:
-    """Each step's sample indices, from the newest generation that trained it."""
-    newest: dict[int, tuple[int, list[int]]] = {}
-    for path in (directory / "log").glob("*.g*"):
-        for line in path.read_text().splitlines():
-            step, generation, indices = line.split()
-            key, gen = int(step), int(generation)
-            if key not in newest or gen > newest[key][0]:
-                newest[key] = (gen, [])
-            if gen == newest[key][0]:
-                newest[key][1].extend(int(i) for i in indices.split(","))
-    return {step: collections.Counter(found) for step, (_, found) in newest.items()}
-
-
-def weights(directory: Path) -> dict[str, torch.Tensor]:
-    state: dict[str, torch.Tensor] = torch.load(directory / "final.0.pt", weights_only=True)
-    return state
 
 
 def wait_for_step(job: Job, log: Path, step: int) -> None:

@@ -13,7 +13,6 @@ weights (rtol 1e-5) of an uninterrupted run of the same cluster.
 
 from __future__ import annotations
 
-import collections
 import os
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.elastic_logs import samples, weights
 from tests.support.jobs import job_env, poprun_argv
 from tests.support.slurm_cluster import ROOT, SlurmCluster, unavailable
 from tests.support.tiers import require
@@ -83,20 +83,6 @@ class Job:
         return "".join(self.lines)
 
 
-def samples(directory: Path) -> dict[int, collections.Counter[int]]:
-    """Each step's sample indices, from the newest generation that trained it."""
-    newest: dict[int, tuple[int, list[int]]] = {}
-    for path in (directory / "log").glob("*.g*"):
-        for line in path.read_text().splitlines():
-            step, generation, indices = line.split()
-            key, gen = int(step), int(generation)
-            if key not in newest or gen > newest[key][0]:
-                newest[key] = (gen, [])
-            if gen == newest[key][0]:
-                newest[key][1].extend(int(i) for i in indices.split(","))
-    return {step: collections.Counter(found) for step, (_, found) in newest.items()}
-
-
 def until(condition: object, job: Job, what: str) -> None:
     deadline = time.monotonic() + PATIENCE_S
     while not condition():  # type: ignore[operator]
@@ -132,8 +118,8 @@ def test_a_lost_node_is_left_out_and_the_job_goes_on(
     assert job.text.count("<stdout>:OK ") == 1, job.text
     assert "hold no lease" not in job.text  # n1, n2 reached through their NodeAddr
     assert samples(lost) == samples(reference)  # none skipped, none repeated
-    want = torch.load(reference / "final.0.pt", weights_only=True)
-    got = torch.load(lost / "final.0.pt", weights_only=True)
+    want = weights(reference)
+    got = weights(lost)
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-7)
     assert cluster.wait_clean(within=15.0) == []

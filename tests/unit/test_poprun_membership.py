@@ -39,6 +39,16 @@ def _members(clock: Clock, **kw: object) -> Membership:
     return m
 
 
+def _watched_policy(
+    clock: Clock, min_hosts: int, max_restarts: int = 0
+) -> tuple[EndingPolicy, Membership]:
+    """An ending policy across hosts with its membership, the job launched."""
+    policy = EndingPolicy(clock, remote=True, max_restarts=max_restarts)
+    policy.membership = m = _members(clock, min_hosts=min_hosts)
+    policy.launched()
+    return policy, m
+
+
 def test_a_host_heard_from_is_never_probed() -> None:
     clock = Clock()
     m = _members(clock)
@@ -144,9 +154,7 @@ def test_readmission_after_a_lost_host_answers_again_until_k_losses() -> None:
 
 def test_the_policy_ends_the_job_on_a_loss_and_relaunches_on_the_rest() -> None:
     clock = Clock()
-    policy = EndingPolicy(clock, remote=True, max_restarts=0)
-    policy.membership = m = _members(clock, min_hosts=2)
-    policy.launched()
+    policy, m = _watched_policy(clock, min_hosts=2)
     clock.advance(SILENT_S)
     m.to_probe()
     m.answered("h3", False, "Connection refused")
@@ -163,9 +171,7 @@ def test_after_a_loss_mpirun_and_the_instances_are_killed_at_once_not_after_a_gr
     """The survivors wait in a collective for the lost host, where no handler runs: a grace
     would only delay the relaunch (at the time-out, by contrast, they get one)."""
     clock = Clock()
-    policy = EndingPolicy(clock, remote=True, max_restarts=0)
-    policy.membership = m = _members(clock, min_hosts=2)
-    policy.launched()
+    policy, m = _watched_policy(clock, min_hosts=2)
     m.lose("h3", "it does not answer")
     assert [a.do for a in policy.due()] == [Do.HOST_LOST]
     clock.advance(LOST_GRACE_S)
@@ -175,9 +181,7 @@ def test_after_a_loss_mpirun_and_the_instances_are_killed_at_once_not_after_a_gr
 
 def test_the_policy_ends_with_exit_hosts_lost_below_min_hosts() -> None:
     clock = Clock()
-    policy = EndingPolicy(clock, remote=True, max_restarts=5)
-    policy.membership = m = _members(clock, min_hosts=3)
-    policy.launched()
+    policy, m = _watched_policy(clock, min_hosts=3, max_restarts=5)
     m.lose("h2", "it does not answer")
     policy.due()
     policy.mpirun_exited(143)
@@ -310,9 +314,7 @@ def test_after_a_loss_the_output_is_not_waited_for_long() -> None:
     """A surviving host's ssh session holds mpirun's output until its daemon ends: after a
     loss the job's output gets LOST_DRAIN_S, not DRAIN_S (the survivors were killed)."""
     clock = Clock()
-    policy = EndingPolicy(clock, remote=True, max_restarts=0)
-    policy.membership = m = _members(clock, min_hosts=2)
-    policy.launched()
+    policy, m = _watched_policy(clock, min_hosts=2)
     m.lose("h3", "it does not answer")
     policy.due()
     policy.mpirun_exited(-9)
