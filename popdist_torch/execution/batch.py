@@ -17,7 +17,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 from popdist_torch.errors import ExecutorError
 from popdist_torch.options import Options
 
-__all__ = ["Batch", "check_scalar", "detach", "loss_index", "loss_of", "stack"]
+__all__ = ["Batch", "check_scalar", "detach", "detach_own", "loss_index", "loss_of", "stack"]
 
 
 class Batch:
@@ -164,21 +164,42 @@ def check_scalar(loss: torch.Tensor) -> None:
         )
 
 
+def _tensor(x: Any) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise ExecutorError(
+            f"model outputs must be tensors (or tuples/lists/dicts of tensors); got "
+            f"{type(x).__name__}"
+        )
+    return x
+
+
 def detach(tree: Any) -> Any:
     if isinstance(tree, torch.Tensor):
         return tree.detach()
     if type(tree) in (tuple, list) and all(isinstance(x, torch.Tensor) for x in tree):
         return type(tree)(x.detach() for x in tree)  # the common (output, loss): no pytree walk
+    return tree_map(lambda x: _tensor(x).detach(), tree)
 
-    def one(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            raise ExecutorError(
-                f"model outputs must be tensors (or tuples/lists/dicts of tensors); got "
-                f"{type(x).__name__}"
-            )
+
+def _own(x: torch.Tensor) -> torch.Tensor:
+    """``x`` detached; copied unless autograd made its memory in this forward (``x``, or the
+    tensor it is a view of, has a ``grad_fn``). Inputs, parameters, buffers and views of them
+    are copied, so an output never changes with a later update or with what the caller does
+    to its inputs."""
+    base = x._base if x._is_view() else x
+    if base is not None and base.grad_fn is not None:
         return x.detach()
+    return x.detach().clone()
 
-    return tree_map(one, tree)
+
+def detach_own(tree: Any) -> Any:
+    """:func:`detach`, for outputs returned without :func:`stack` (which copies): see
+    :func:`_own`."""
+    if isinstance(tree, torch.Tensor):
+        return _own(tree)
+    if type(tree) in (tuple, list) and all(isinstance(x, torch.Tensor) for x in tree):
+        return type(tree)(_own(x) for x in tree)
+    return tree_map(lambda x: _own(_tensor(x)), tree)
 
 
 def stack(outputs: Sequence[Any]) -> Any:

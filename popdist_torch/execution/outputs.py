@@ -17,7 +17,21 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from popdist_torch.enums import OutputMode
 from popdist_torch.errors import ExecutorError, ExecutorStateError
 
-__all__ = ["OutputCollector", "layout"]
+__all__ = ["OneReplica", "OutputCollector", "layout"]
+
+
+class OneReplica:
+    """One replica's outputs with no replica dimension yet (leaves shaped ``S``).
+
+    A single local replica's micro-step gives these: the collector lays them out without
+    stacking them into ``[1, *S]`` first (for one kept step they are returned as they are,
+    which is what stacking and laying out would give).
+    """
+
+    __slots__ = ("outputs",)
+
+    def __init__(self, outputs: Any) -> None:
+        self.outputs = outputs
 
 
 def layout(stacked: torch.Tensor) -> torch.Tensor:
@@ -45,6 +59,7 @@ class OutputCollector:
         self.period = period
         self._kept: list[Any] = []
         self._sum: Any = None
+        self._single = False  # the kept outputs are OneReplica's (leaves S, not [1, *S])
 
     def wants(self, iteration: int, step: int) -> bool:
         """Whether the outputs of this micro-step are kept (skip copying them otherwise)."""
@@ -55,9 +70,12 @@ class OutputCollector:
         return (iteration + 1) % self.period == 0  # EveryN: whole device iterations
 
     def add(self, iteration: int, step: int, outputs: Any) -> None:
-        """Record one micro-step's outputs (leaves shaped ``[R, *S]``, already detached)."""
+        """Record one micro-step's outputs (leaves shaped ``[R, *S]``, or a
+        :class:`OneReplica`; already detached)."""
         if not self.wants(iteration, step):
             return
+        if isinstance(outputs, OneReplica):
+            self._single, outputs = True, outputs.outputs
         if self.mode == OutputMode.Sum:
             self._sum = outputs if self._sum is None else tree_map(torch.add, self._sum, outputs)
         else:
@@ -68,6 +86,10 @@ class OutputCollector:
         kept = [self._sum] if self.mode == OutputMode.Sum else self._kept
         if not kept:
             raise ExecutorStateError("no outputs were recorded for this call")
+        if self._single:
+            if len(kept) == 1:  # [1, *S] laid out is S (a scalar stays one): as they are
+                return kept[0]
+            kept = [tree_map(lambda t: t.unsqueeze(0), k) for k in kept]
         if len(kept) == 1:  # Final, or one kept step: no concatenation, and often no pytree walk
             only = kept[0]
             if isinstance(only, torch.Tensor):

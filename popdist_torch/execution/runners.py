@@ -33,8 +33,16 @@ from torch import nn
 from torch.func import vmap
 
 from popdist_torch.errors import ExecutorError
-from popdist_torch.execution.batch import Batch, check_scalar, detach, loss_index, loss_of, stack
-from popdist_torch.execution.outputs import OutputCollector
+from popdist_torch.execution.batch import (
+    Batch,
+    check_scalar,
+    detach,
+    detach_own,
+    loss_index,
+    loss_of,
+    stack,
+)
+from popdist_torch.execution.outputs import OneReplica, OutputCollector
 from popdist_torch.execution.reducer import GradientReducer
 from popdist_torch.options import Options
 
@@ -182,7 +190,7 @@ class LocalReplicaRunner(ReplicaRunner):
                 check_scalar(losses[0])  # raises: not a scalar per micro-batch, or no gradient
             # d(scale * sum(losses)) / d(losses) = scale, without the two extra ops
             losses.backward(torch.full_like(losses, scale))  # type: ignore[no-untyped-call]
-        return detach(out) if keep else None
+        return detach_own(out) if keep else None  # laid out later, after the update
 
     def _one_by_one(
         self,
@@ -203,10 +211,13 @@ class LocalReplicaRunner(ReplicaRunner):
                 loss = loss_of(out)
                 check_scalar(loss)
                 self._arm(last and i == replicas - 1)
-                (loss * scale).backward()  # type: ignore[no-untyped-call]
+                # A scale of 1 (one replica, no accumulation, no loss scaling): no extra op
+                (loss if scale == 1.0 else loss * scale).backward()  # type: ignore[no-untyped-call]
             if keep:
-                outputs.append(detach(out))
-        return stack(outputs) if keep else None
+                outputs.append(detach_own(out) if replicas == 1 else detach(out))
+        if not keep:
+            return None
+        return OneReplica(outputs[0]) if replicas == 1 else stack(outputs)
 
 
 class StageReplicaRunner(ReplicaRunner):

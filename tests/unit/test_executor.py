@@ -142,11 +142,14 @@ def _losses_per_micro_batch(
         (poptorch.OutputMode.Default, None),
     ],
 )
-def test_output_modes_shapes_and_values(mode: poptorch.OutputMode, period: int | None) -> None:
+@pytest.mark.parametrize("r", [1, 2])  # one replica: its outputs are laid out unstacked
+def test_output_modes_shapes_and_values(
+    mode: poptorch.OutputMode, period: int | None, r: int
+) -> None:
     """lr=0 keeps the weights fixed, so every micro-batch's loss can be recomputed."""
     torch.manual_seed(2)
     model = Classifier()
-    di, r, ga, micro = 4, 2, 3, 5
+    di, ga, micro = 4, 3, 5
     opts = _options(di, r, ga).outputMode(mode, period)
     x, y = _data(di * ga * r * micro)
     logits, loss = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.0))(
@@ -156,6 +159,9 @@ def test_output_modes_shapes_and_values(mode: poptorch.OutputMode, period: int |
     with torch.no_grad():
         all_logits = model(x)
     per_step = r * micro
+    if loss.dim() == 0:  # one scalar kept (PopTorch returns it as a scalar)
+        assert r == 1 and mode != poptorch.OutputMode.All
+        loss = loss.reshape(1)
     if mode in (poptorch.OutputMode.Final, poptorch.OutputMode.Default):
         torch.testing.assert_close(loss, expected[-r:])
         torch.testing.assert_close(logits, all_logits[-per_step:])
@@ -169,6 +175,36 @@ def test_output_modes_shapes_and_values(mode: poptorch.OutputMode, period: int |
         iters = expected.view(di, ga * r)[1::2].reshape(-1)
         torch.testing.assert_close(loss, iters)
         torch.testing.assert_close(logits, all_logits.view(di, -1, 3)[1::2].reshape(-1, 3))
+
+
+class ReturnsItsWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        loss = F.cross_entropy(self.lin(x), y)
+        return self.lin.weight, self.lin.weight[0], x, loss
+
+
+@pytest.mark.parametrize("r", [1, 2])
+def test_outputs_are_the_forward_s_values_not_views_of_what_changes_later(r: int) -> None:
+    """A parameter, a view of it or an input returned as an output is the value forward saw:
+    the update after it, or the caller changing its input, does not change what was returned
+    (one replica's outputs are returned without the copy stacking makes)."""
+    torch.manual_seed(3)
+    model = ReturnsItsWeight()
+    before = model.lin.weight.detach().clone()
+    x, y = _data(4 * r)
+    x = x[:, :4].contiguous()
+    weight, row, inputs, _ = poptorch.trainingModel(
+        model, _options(r=r), torch.optim.SGD(model.parameters(), lr=0.5)
+    )(x, y)
+    assert not torch.equal(model.lin.weight, before)  # the step changed the weights
+    torch.testing.assert_close(weight[: before.shape[0]], before, rtol=0, atol=0)
+    torch.testing.assert_close(row[: before.shape[1]], before[0], rtol=0, atol=0)
+    x.add_(1.0)
+    assert not torch.equal(inputs, x)
 
 
 def test_single_replica_final_loss_is_a_scalar() -> None:
