@@ -9,7 +9,12 @@ PY=.venv/bin/python
 PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.multihost.hosts check || true
 # The Slurm tier (tests/slurm) needs root and slurm-wlm: say up front whether it runs.
 PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.support.slurm_cluster check || true
-"$PY" -m pytest tests -q -p no:cacheprovider -p tests.support.tier_times "$@"
+# Two pytest-xdist workers (TEST_WORKERS=N for another count, 0 for one process): most
+# tests wait on a launched job, its time-outs and its detection windows. Tests that share a
+# costly fixture run on one worker (tests/conftest.py XDIST_GROUPS).
+WORKERS="${TEST_WORKERS:-2}"
+"$PY" -m pytest tests -q -p no:cacheprovider -p tests.support.tier_times \
+    -n "$WORKERS" --dist loadgroup "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
     echo "error: pytest collected no tests" >&2

@@ -43,12 +43,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"CI=true and Horovod is missing: {report.longrepr}"
 
 
+#: Tests that share one costly fixture run on one pytest-xdist worker (``make test`` runs
+#: ``--dist loadgroup``), so it is made once, and those tests never run beside each other.
+XDIST_GROUPS = {
+    "tests/multihost/": "multihost",  # one set of namespace hosts; one elastic reference run
+    "tests/slurm/": "slurm",  # one Slurm cluster
+    "tests/packaging/": "packaging",  # one wheel, one fresh virtual environment
+    "tests/parallel/test_replica_split.py": "replica_split",  # one single-instance reference
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test with its tier (its directory), so `-m unit` selects a tier."""
+    """Mark every test with its tier (its directory), so `-m unit` selects a tier, and with
+    its xdist group (``XDIST_GROUPS``)."""
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+        path = item.nodeid.split("::", 1)[0]
+        group = next((g for prefix, g in XDIST_GROUPS.items() if path.startswith(prefix)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.support.processes import reap_children
+from tests.support.processes import HARNESS_DAEMONS, reap_children
 
 SUBNET = "10.77.0"
 #: Namespace names: ``pdh<pid of the creating process>_<set>-<host>``; a set whose creator
@@ -282,6 +282,7 @@ class Hosts:
                 stderr=log,
                 start_new_session=True,
             )  # fmt: skip
+        HARNESS_DAEMONS.add(self._sshd[host].pid)
 
     def _check(self, host: str) -> str:
         done = subprocess.run(
@@ -414,6 +415,7 @@ class Hosts:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
+            HARNESS_DAEMONS.discard(proc.pid)
         self._namespaces.clear()
         shutil.rmtree(self.state, ignore_errors=True)
 

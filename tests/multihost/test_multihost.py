@@ -6,10 +6,12 @@ the job may be left on any host (``clean_hosts``).
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,17 @@ def start_on(hosts: Hosts, *args: str, **env: str) -> subprocess.Popen[str]:
         text=True,
         start_new_session=True,
     )
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A private directory with a short path, for ``TMPDIR``: the ssh masters' sockets in it
+    must fit a Unix socket's 108 bytes, which a pytest ``tmp_path`` does not leave room for."""
+    path = Path(tempfile.mkdtemp(prefix="mh-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def views(directory: Path) -> list[dict[str, object]]:
@@ -172,13 +185,18 @@ def test_time_out_ends_the_job_on_every_host(clean_hosts: Hosts) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_a_signal_to_poprun_leaves_nothing_on_any_host(clean_hosts: Hosts, signum: int) -> None:
-    private = Path(tempfile.gettempdir())
+def test_a_signal_to_poprun_leaves_nothing_on_any_host(
+    clean_hosts: Hosts, signum: int, short_tmp: Path
+) -> None:
+    # poprun's private directories go in $TMPDIR: a directory of this test's own, which no
+    # other job (another test beside this one) writes in
+    private = short_tmp
     before = set(private.glob("poprun-*-*"))
     proc = start_on(
         clean_hosts,
         "--num-instances", "4", "--num-replicas", "4", "-H", "h1,h2",
         "/bin/sh", "-c", 'echo "up on $(hostname)"; exec sleep 600',
+        TMPDIR=str(private),
     )  # fmt: skip
     assert proc.stdout is not None
     up = 0
@@ -200,7 +218,10 @@ def test_a_signal_to_poprun_leaves_nothing_on_any_host(clean_hosts: Hosts, signu
     stale = set(private.glob("poprun-*-*")) - before
     if signum == signal.SIGKILL:  # its FIFOs' and ssh masters' directories: the next poprun's
         assert stale, "a SIGKILLed poprun left no directory: the check below checks nothing"
-        done = run_job(poprun_argv("--num-instances", "1", "--num-replicas", "1", "true"))
+        done = run_job(
+            poprun_argv("--num-instances", "1", "--num-replicas", "1", "true"),
+            env=job_env(TMPDIR=str(private)),
+        )
         assert done.returncode == 0, done.stdout
         stale = {path for path in stale if path.exists()}
     assert stale == set()

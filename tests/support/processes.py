@@ -19,6 +19,12 @@ from pathlib import Path
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
+#: The suite's own long-lived daemons in this process (the multi-host tier's sshds, the Slurm
+#: tier's slurmctld and slurmd), started by session fixtures and ended at the session's end:
+#: they and what runs under them are the harness, never a test's leftovers
+#: (:func:`descendants` with ``besides_harness``).
+HARNESS_DAEMONS: set[int] = set()
+
 
 def become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
@@ -53,14 +59,16 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def descendants(pid: int | None = None) -> list[int]:
-    """Every live (non-zombie) descendant of ``pid`` (default: this process)."""
+def descendants(pid: int | None = None, *, besides_harness: bool = False) -> list[int]:
+    """Every live (non-zombie) descendant of ``pid`` (default: this process); with
+    ``besides_harness``, leaving out :data:`HARNESS_DAEMONS` and everything under them."""
     root = os.getpid() if pid is None else pid
+    skip = HARNESS_DAEMONS if besides_harness else set()
     seen: list[int] = []
     stack = _children(root)
     while stack:
         child = stack.pop()
-        if child in seen:
+        if child in seen or child in skip:
             continue
         try:
             state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]

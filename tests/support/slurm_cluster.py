@@ -47,7 +47,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.processes import end_with_parent, reap_children, run_in_session
+from tests.support.processes import (
+    HARNESS_DAEMONS,
+    end_with_parent,
+    reap_children,
+    run_in_session,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DAEMONS = ("slurmctld", "slurmd")
@@ -267,6 +272,7 @@ class SlurmCluster:
             )
         finally:
             out.close()
+        HARNESS_DAEMONS.add(self.daemons[name].pid)
 
     def wait_idle(self, within: float = READY_S) -> None:
         """Poll ``sinfo`` until every node reports idle; a daemon's death ends the wait."""
@@ -345,6 +351,7 @@ class SlurmCluster:
                 os.kill(pid, signal.SIGKILL)
         survivors = self._wait_gone(left, within=STOP_S)
         reap_children()
+        HARNESS_DAEMONS.difference_update(p.pid for p in self.daemons.values())
         if not survivors:
             shutil.rmtree(self.dir, ignore_errors=True)
         if check and survivors:
