@@ -11,10 +11,9 @@ PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.multihost.hosts check || true
 PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.support.slurm_cluster check || true
 # Two pytest-xdist workers (TEST_WORKERS=N for another count, 0 for one process): most
 # tests wait on a launched job, its time-outs and its detection windows. Tests that share a
-# costly fixture run on one worker (tests/conftest.py XDIST_GROUPS).
+# costly fixture run on one worker, one after another (tests/conftest.py XDIST_GROUPS).
 WORKERS="${TEST_WORKERS:-2}"
-"$PY" -m pytest tests -q -p no:cacheprovider -p tests.support.tier_times \
-    -n "$WORKERS" --dist loadgroup "$@"
+"$PY" -m pytest tests -q -p no:cacheprovider -p tests.support.tier_times -n "$WORKERS" "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
     echo "error: pytest collected no tests" >&2

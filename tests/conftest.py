@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,8 +44,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"CI=true and Horovod is missing: {report.longrepr}"
 
 
-#: Tests that share one costly fixture run on one pytest-xdist worker (``make test`` runs
-#: ``--dist loadgroup``), so it is made once, and those tests never run beside each other.
+#: Tests that share one costly fixture run on one pytest-xdist worker, one after another
+#: (``make test`` runs two workers), so it is made once and never used by two tests at once.
 XDIST_GROUPS = {
     "tests/multihost/": "multihost",  # one set of namespace hosts; one elastic reference run
     "tests/slurm/": "slurm",  # one Slurm cluster
@@ -53,18 +54,34 @@ XDIST_GROUPS = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def xdist_group(nodeid: str) -> str | None:
+    """The group of ``XDIST_GROUPS`` the test ``nodeid`` belongs to, if any."""
+    path = nodeid.split("::", 1)[0]
+    return next((g for prefix, g in XDIST_GROUPS.items() if path.startswith(prefix)), None)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test with its tier (its directory), so `-m unit` selects a tier, and with
-    its xdist group (``XDIST_GROUPS``)."""
+    """Mark every test with its tier (its directory), so `-m unit` selects a tier."""
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        path = item.nodeid.split("::", 1)[0]
-        group = next((g for prefix, g in XDIST_GROUPS.items() if path.startswith(prefix)), None)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+
+
+if importlib.util.find_spec("xdist") is not None:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """xdist's load scheduling, with each group of ``XDIST_GROUPS`` one unit of work.
+
+        (xdist's own ``--dist loadgroup`` marks a group by rewriting the test's node id, which
+        pytest 9 no longer lets a plugin do: there every test would be scheduled alone.)"""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupScheduling:
+        return GroupScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)
