@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -205,8 +206,14 @@ def test_a_signal_to_poprun_leaves_nothing_on_any_host(
         if up == 4:
             break
     assert up == 4
-    remote = clean_hosts.leftovers().get("h2", [])
-    # The programs themselves (their wrappers there name them in their argv)
+    # The programs themselves (their wrappers there name them in their argv), once each shell
+    # that printed its line has exec'd its sleep
+    deadline = time.monotonic() + 10.0
+    while True:
+        remote = clean_hosts.leftovers().get("h2", [])
+        if sum(p.endswith(": sleep 600") for p in remote) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert sum(p.endswith(": sleep 600") for p in remote) == 2, remote
     proc.send_signal(signum)
     rest, _ = proc.communicate(timeout=60)

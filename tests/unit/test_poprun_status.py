@@ -343,7 +343,9 @@ def test_status_adds_the_job_the_straggler_and_the_verdicts() -> None:
     extras = live.extras(figures, 10.0, started)
     assert extras["job"] == {"command": "python train.py", "timeout_s": 60.0}
     assert extras["straggler"]["instance"] == 1
-    assert extras["straggler"]["line"].startswith("poprun: instance 1 (localhost) held the others up")
+    assert extras["straggler"]["line"].startswith(
+        "poprun: instance 1 (localhost) held the others up"
+    )
     assert [n["kind"] for n in extras["notes"]] == ["note", "hang"]
     live.attach(lambda: _job(slow_wait=5.0), instances=2, started=0.0)  # a new attempt
     assert live.extras(live.read()[0], 10.0, 0.0) | {"job": {}} == {
