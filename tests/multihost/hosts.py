@@ -238,6 +238,10 @@ class Hosts:
                         "MaxStartups 200",
                         "MaxSessions 100",
                         "LogLevel ERROR",
+                        # A session whose client went while the host was cut off (no FIN)
+                        # ends within 6 s of the link coming back, as on a cluster that sets it
+                        "ClientAliveInterval 2",
+                        "ClientAliveCountMax 3",
                     ]
                 )
                 + "\n"
