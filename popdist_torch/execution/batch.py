@@ -8,7 +8,7 @@ per-replica leaves. Shared by the replica runners and the executor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -164,21 +164,26 @@ def check_scalar(loss: torch.Tensor) -> None:
         )
 
 
-def _tensor(x: Any) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise ExecutorError(
-            f"model outputs must be tensors (or tuples/lists/dicts of tensors); got "
-            f"{type(x).__name__}"
-        )
-    return x
+def _each_tensor(tree: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``fn`` over the tensors of a model's outputs (raises on a leaf that is not one)."""
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if type(tree) in (tuple, list) and all(isinstance(x, torch.Tensor) for x in tree):
+        return type(tree)(fn(x) for x in tree)  # the common (output, loss): no pytree walk
+
+    def one(x: Any) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise ExecutorError(
+                f"model outputs must be tensors (or tuples/lists/dicts of tensors); got "
+                f"{type(x).__name__}"
+            )
+        return fn(x)
+
+    return tree_map(one, tree)
 
 
 def detach(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree.detach()
-    if type(tree) in (tuple, list) and all(isinstance(x, torch.Tensor) for x in tree):
-        return type(tree)(x.detach() for x in tree)  # the common (output, loss): no pytree walk
-    return tree_map(lambda x: _tensor(x).detach(), tree)
+    return _each_tensor(tree, torch.Tensor.detach)
 
 
 def _own(x: torch.Tensor) -> torch.Tensor:
@@ -195,11 +200,7 @@ def _own(x: torch.Tensor) -> torch.Tensor:
 def detach_own(tree: Any) -> Any:
     """:func:`detach`, for outputs returned without :func:`stack` (which copies): see
     :func:`_own`."""
-    if isinstance(tree, torch.Tensor):
-        return _own(tree)
-    if type(tree) in (tuple, list) and all(isinstance(x, torch.Tensor) for x in tree):
-        return type(tree)(_own(x) for x in tree)
-    return tree_map(lambda x: _own(_tensor(x)), tree)
+    return _each_tensor(tree, _own)
 
 
 def stack(outputs: Sequence[Any]) -> Any:
