@@ -211,12 +211,15 @@ def _check_no_state_mutation(model: nn.Module, graph: fx.Graph) -> None:
                 )
 
 
-def _state_of(module: nn.Module) -> tuple[dict[str, Any], ...]:
+_State = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+
+
+def _state_of(module: nn.Module) -> _State:
     """Copies of what a forward may set on a module: attributes, parameters, buffers."""
     return dict(vars(module)), dict(module._parameters), dict(module._buffers)
 
 
-def _restore_proxies(saved: list[tuple[nn.Module, tuple[dict[str, Any], ...]]]) -> list[str]:
+def _restore_proxies(saved: list[tuple[nn.Module, _State]]) -> list[str]:
     """Undo what the trace's run of forward set on the modules; returns what it set.
 
     An attribute, parameter or buffer that forward assigns (a proxy left behind, a counter
@@ -224,15 +227,20 @@ def _restore_proxies(saved: list[tuple[nn.Module, tuple[dict[str, Any], ...]]]) 
     eagerly instead.
     """
     changed: list[str] = []
-    for module, before in saved:
-        now = (vars(module), module._parameters, module._buffers)
-        for current, old in zip(now, before, strict=True):
-            names = [k for k in current.keys() | old.keys() if current.get(k) is not old.get(k)]
-            if names:
-                changed += sorted(names)
-                current.clear()
-                current.update(old)
+    for module, (attributes, parameters, buffers) in saved:
+        changed += _restore(vars(module), attributes)
+        changed += _restore(module._parameters, parameters)
+        changed += _restore(module._buffers, buffers)
     return changed
+
+
+def _restore(current: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    """Set `current` back to `old`; returns the names whose values differed."""
+    names = sorted(k for k in current.keys() | old.keys() if current.get(k) is not old.get(k))
+    if names:
+        current.clear()
+        current.update(old)
+    return names
 
 
 def _compute_nodes(graph: fx.Graph) -> list[fx.Node]:
