@@ -16,6 +16,10 @@ PYTHON="${PYTHON:-python3.11}"
 VENV="$ROOT/.venv"
 TORCH_VERSION="2.13.0"
 HOROVOD_VERSION="0.28.1"
+# Our build of Horovod carries scripts/horovod-idle-cycle.patch; its wheel's version says so
+# (0.28.1+popdist1) and a change to the patch takes a new label, so that a cached or
+# installed wheel without it is rebuilt.
+HOROVOD_LOCAL="popdist1"
 CACHE_ROOT="${POPDIST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/popdist}"
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -132,17 +136,20 @@ ensure_venv() {
 }
 
 # --- 3. Horovod --------------------------------------------------------------------
-# Horovod's torch extension imports and was built with MPI and Gloo (what
-# `horovodrun --check-build` reports, in a fifth of its time); prints the versions.
+# Horovod is our build (its version label), its torch extension imports and it was built
+# with MPI and Gloo (what `horovodrun --check-build` reports, in a fifth of its time);
+# prints the versions.
 horovod_ok() {
-    "$VENV/bin/python" - <<'PY' 2>/dev/null
+    WANT="$HOROVOD_VERSION+$HOROVOD_LOCAL" "$VENV/bin/python" - <<'PY' 2>/dev/null
+import os
 import sys
-import horovod
+from importlib.metadata import version
+
 import horovod.torch as hvd
 import torch
-if not (hvd.mpi_built() and hvd.gloo_built()):
+if version("horovod") != os.environ["WANT"] or not (hvd.mpi_built() and hvd.gloo_built()):
     sys.exit(1)
-print(f"torch {torch.__version__}, horovod {horovod.__version__}")
+print(f"torch {torch.__version__}, horovod {version('horovod')}")
 PY
 }
 
@@ -171,10 +178,15 @@ build_horovod_wheel() {
     sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/; s/-std=c++14/-std=c++17/g' \
         "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" || die "the C++17 patch did not apply to Horovod's CMakeLists.txt"
+    # Idle cycles re-anchor the background thread's clock where the ranks leave their
+    # coordination together: without it, an idle instance busy-waits about half a core.
+    (cd "$src" && git apply "$ROOT/scripts/horovod-idle-cycle.patch") \
+        || die "scripts/horovod-idle-cycle.patch did not apply to Horovod $HOROVOD_VERSION"
     vpip install cloudpickle psutil pyyaml packaging cffi
     (
         cd "$src"
         export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+               HOROVOD_LOCAL_VERSION="$HOROVOD_LOCAL" \
                HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
                CMAKE_POLICY_VERSION_MINIMUM=3.5 \
                MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_PARALLEL="$(nproc)"
@@ -198,7 +210,7 @@ ensure_horovod() {
     fi
     local pyver key dest
     pyver="$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-    key="horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-$pyver"
+    key="horovod-$HOROVOD_VERSION+$HOROVOD_LOCAL-torch-$TORCH_VERSION-$pyver"
     dest="$CACHE_ROOT/wheels/$key"
     if ! ls "$dest"/horovod-*.whl >/dev/null 2>&1; then
         ensure_build_tools

@@ -124,11 +124,14 @@ def _import_horovod() -> ModuleType:
 def build_info() -> dict[str, object]:
     """Horovod's version and what it was built with: its controllers and tensor operations
     (the lists ``horovodrun --check-build`` prints). Raises ImportError without Horovod."""
-    import horovod
+    from importlib import metadata
+
     import horovod.torch as hvd
 
     return {
-        "version": horovod.__version__,
+        # The distribution's version, with its local label: scripts/setup.sh's build
+        # (patched: scripts/horovod-idle-cycle.patch) is 0.28.1+popdist1.
+        "version": metadata.version("horovod"),
         "controllers": {"MPI": bool(hvd.mpi_built()), "Gloo": bool(hvd.gloo_built())},
         "operations": {
             "NCCL": bool(hvd.nccl_built()),
