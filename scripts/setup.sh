@@ -180,8 +180,12 @@ build_horovod_wheel() {
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" || die "the C++17 patch did not apply to Horovod's CMakeLists.txt"
     # Idle cycles re-anchor the background thread's clock where the ranks leave their
     # coordination together: without it, an idle instance busy-waits about half a core.
-    (cd "$src" && git apply "$ROOT/scripts/horovod-idle-cycle.patch") \
-        || die "scripts/horovod-idle-cycle.patch did not apply to Horovod $HOROVOD_VERSION"
+    local patch="$ROOT/scripts/horovod-idle-cycle.patch"
+    if command -v git >/dev/null 2>&1; then  # the ceiling: never a repository around $work
+        (cd "$src" && GIT_CEILING_DIRECTORIES="$work" git apply "$patch")
+    else
+        patch -d "$src" -p1 --quiet < "$patch"
+    fi || die "scripts/horovod-idle-cycle.patch did not apply to Horovod $HOROVOD_VERSION"
     vpip install cloudpickle psutil pyyaml packaging cffi
     (
         cd "$src"
