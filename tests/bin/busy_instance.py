@@ -1,9 +1,9 @@
-"""An instance busy for a long while, its peers waiting: ``busy_instance.py GIL_S EVAL_S``.
+"""Instances busy for a long while, their peers waiting: ``busy_instance.py GIL_S EVAL_S``.
 
-The last instance first makes a C call that holds the GIL for GIL_S seconds (``sleep``
-through ``ctypes.PyDLL``, which keeps the GIL: its progress and lease threads are stopped
-too), then evaluates (matrix products) for EVAL_S seconds; the others wait in an allreduce
-meanwhile. Each prints ``BUSY DONE <instance>`` at the end.
+At the same time, the last instance evaluates (matrix products) for EVAL_S seconds and the
+one before it makes a C call that holds the GIL for GIL_S seconds (``sleep`` through
+``ctypes.PyDLL``, which keeps the GIL: its progress and lease threads are stopped too); the
+others wait in an allreduce meanwhile. Each prints ``BUSY DONE <instance>`` at the end.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ def main() -> None:
     gil_s, eval_s = float(sys.argv[1]), float(sys.argv[2])
     popdist.init()
     backend = lifecycle.for_run(popdist.getNumInstances())
-    busy = popdist.getInstanceIndex() == popdist.getNumInstances() - 1
+    last = popdist.getNumInstances() - 1
     backend.allreduce_(torch.ones(4))
-    if busy:
+    if popdist.getInstanceIndex() == last - 1:
         ctypes.PyDLL(None).sleep(int(gil_s))  # the GIL held throughout
-    backend.allreduce_(torch.ones(4))
-    if busy:
+    if popdist.getInstanceIndex() == last:
         a = torch.randn(128, 128)
         end = time.monotonic() + eval_s
         while time.monotonic() < end:

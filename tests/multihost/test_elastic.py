@@ -239,8 +239,8 @@ def test_below_min_hosts_the_job_ends_with_69_and_its_checkpoint(
 
 
 def test_a_busy_instance_is_no_lost_host(clean_hosts: Hosts) -> None:
-    """On h3: an 8 s C call that holds the GIL, then a 30 s evaluation, while the others
-    wait in a collective: h3 answers every probe, so nothing is lost."""
+    """A 30 s evaluation on h3 and, meanwhile, an 8 s C call that holds the GIL on h2,
+    while h1 waits in a collective: both hosts answer every probe, so nothing is lost."""
     program = [sys.executable, str(ROOT / "tests" / "bin" / "busy_instance.py"), "8", "30"]
     job = Job(clean_hosts, *LAUNCH, "--min-hosts", "2", *program)
     assert job.wait() == 0, job.text
