@@ -17,9 +17,9 @@ VENV="$ROOT/.venv"
 TORCH_VERSION="2.13.0"
 HOROVOD_VERSION="0.28.1"
 # Our build of Horovod carries scripts/horovod-idle-cycle.patch; its wheel's version says so
-# (0.28.1+popdist1) and a change to the patch takes a new label, so that a cached or
+# (0.28.1+popdist2) and a change to the patch takes a new label, so that a cached or
 # installed wheel without it is rebuilt.
-HOROVOD_LOCAL="popdist1"
+HOROVOD_LOCAL="popdist2"
 CACHE_ROOT="${POPDIST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/popdist}"
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -178,8 +178,9 @@ build_horovod_wheel() {
     sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/; s/-std=c++14/-std=c++17/g' \
         "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" || die "the C++17 patch did not apply to Horovod's CMakeLists.txt"
-    # Idle cycles re-anchor the background thread's clock where the ranks leave their
-    # coordination together: without it, an idle instance busy-waits about half a core.
+    # An idle rank sleeps until a tensor is queued, and idle cycles re-anchor the background
+    # thread's clock where the ranks leave their coordination together: without them, an
+    # idle instance busy-waits about half a core.
     local patch="$ROOT/scripts/horovod-idle-cycle.patch"
     if command -v git >/dev/null 2>&1; then  # the ceiling: never a repository around $work
         (cd "$src" && GIT_CEILING_DIRECTORIES="$work" git apply "$patch")

@@ -130,7 +130,7 @@ def build_info() -> dict[str, object]:
 
     return {
         # The distribution's version, with its local label: scripts/setup.sh's build
-        # (patched: scripts/horovod-idle-cycle.patch) is 0.28.1+popdist1.
+        # (patched: scripts/horovod-idle-cycle.patch) is 0.28.1+popdist2.
         "version": metadata.version("horovod"),
         "controllers": {"MPI": bool(hvd.mpi_built()), "Gloo": bool(hvd.gloo_built())},
         "operations": {

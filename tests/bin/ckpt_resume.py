@@ -1,8 +1,9 @@
 """Train under poprun, checkpointing and resuming: ``ckpt_resume.py PHASE DIR``.
 
-PHASE ``full`` trains N+M steps; ``first`` trains N steps and saves a checkpoint;
-``resume`` loads it in a new launch and trains M steps. Each instance writes its final
-weights to ``DIR/<phase>.<instance>.pt`` (resume and full must match exactly).
+PHASE ``full`` trains N steps, saves a checkpoint and the weights of that moment
+(``DIR/first.<instance>.pt``), and trains M more; ``resume`` loads the checkpoint in a new
+launch and trains M steps. Each instance writes its final weights to
+``DIR/<phase>.<instance>.pt`` (resume and full must match exactly).
 """
 
 from __future__ import annotations
@@ -67,15 +68,16 @@ def main() -> None:
         )
         assert state["step"] == N, state["step"]
     training = poptorch.trainingModel(model, opts, optimizer=optimizer)
-    steps = {"full": N + M, "first": N, "resume": M}[phase]
+    steps = {"full": N + M, "resume": M}[phase]
     stream = batches(loader)
-    for _ in range(steps):
+    for step in range(steps):
+        if phase == "full" and step == N:  # mid-run, as a training script checkpoints
+            save_checkpoint(
+                directory / "ckpt.pt", model=training, optimizer=optimizer, step=N, dataloader=loader
+            )
+            torch.save(model.state_dict(), directory / f"first.{popdist.getInstanceIndex()}.pt")
         x, y = next(stream)
         training(x, y)
-    if phase == "first":
-        save_checkpoint(
-            directory / "ckpt.pt", model=training, optimizer=optimizer, step=N, dataloader=loader
-        )
     torch.save(model.state_dict(), directory / f"{phase}.{popdist.getInstanceIndex()}.pt")
     print(f"OK {phase} {popdist.getInstanceIndex()} {loader.state_dict()}", flush=True)
 
