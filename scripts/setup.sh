@@ -178,9 +178,9 @@ build_horovod_wheel() {
     sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/; s/-std=c++14/-std=c++17/g' \
         "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" || die "the C++17 patch did not apply to Horovod's CMakeLists.txt"
-    # An idle rank sleeps until a tensor is queued, and idle cycles re-anchor the background
-    # thread's clock where the ranks leave their coordination together: without them, an
-    # idle instance busy-waits about half a core.
+    # An idle rank sleeps until a tensor is queued, a waiting rank backs off and blocks, and
+    # idle cycles re-anchor the background thread's clock where the ranks leave their
+    # coordination together: without them, an idle or waiting instance busy-waits.
     local patch="$ROOT/scripts/horovod-idle-cycle.patch"
     if command -v git >/dev/null 2>&1; then  # the ceiling: never a repository around $work
         (cd "$src" && GIT_CEILING_DIRECTORIES="$work" git apply "$patch")
