@@ -341,8 +341,8 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
         if not log:  # nothing ran: the machine line of the runs stays (not this moment's load)
             where = previous.get("machine") or _machine_line() or where
         log = {**previous.get("log", {}), **log}
-        if total is None:
-            total = previous.get("total_s")
+        # The rows come from several runs: their sum, not one partial run's wall time.
+        total = sum(v["seconds"] for v in log.values()) if log else previous.get("total_s")
     rows, tuning = headline()
     met = sum(r[-1] == "**yes**" for r in rows)
     judged = sum(r[-1] != "—" for r in rows)
