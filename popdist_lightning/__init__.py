@@ -11,6 +11,7 @@ See ``docs/lightning.md``.
 
 from __future__ import annotations
 
+from popdist.heap import freeze_imports as _freeze_imports
 from popdist_lightning.accelerator import IPUAccelerator
 from popdist_lightning.environment import PopdistEnvironment
 from popdist_lightning.errors import IPUStrategyError
@@ -18,6 +19,8 @@ from popdist_lightning.precision import IPUPrecision
 from popdist_lightning.registry import register
 from popdist_lightning.strategy import IPUStrategy
 from popdist_lightning.trainer import Trainer
+
+_freeze_imports()  # Lightning's import-time heap: no later collection walks it (popdist.heap)
 
 __all__ = [
     "IPUAccelerator",

@@ -9,6 +9,7 @@ that raises :class:`UnsupportedOptionError` naming what to use instead
 import warnings as _warnings
 from typing import Any as _Any
 
+from popdist.heap import freeze_imports as _freeze_imports
 from popdist_torch import optim
 from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from popdist_torch.data import AsynchronousDataAccessor, DataLoader
@@ -194,6 +195,7 @@ __all__ = [
 ]
 
 _register_graph_ops()  # torch.ops.poptorch.*, as PopTorch registers them
+_freeze_imports()  # torch's import-time heap: no later collection walks it (popdist.heap)
 
 #: Names PopTorch deprecated and later removed: reachable, with a warning on access.
 _DEPRECATED = {"AnchorMode": "poptorch.OutputMode (PopTorch 2.4 renamed AnchorMode)"}

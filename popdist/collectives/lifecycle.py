@@ -26,6 +26,7 @@ import atexit
 from popdist.collectives.errors import world_mismatch
 from popdist.collectives.registry import AUTO, LOCAL, Capabilities, spec
 from popdist.env import PopdistError, read_backend, read_run
+from popdist.heap import freeze_imports
 from popdist.progress import instrument
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import cost)
@@ -114,6 +115,7 @@ def init(backend: str | None = None) -> None:
         started.shutdown()
         raise world_mismatch(started.label or started.name, rank, size, run)
     _Run.started = started
+    freeze_imports()  # the backend's libraries are loaded (popdist.heap)
     if not _Run.atexit_registered:
         atexit.register(finalize)
         _Run.atexit_registered = True

@@ -6,6 +6,7 @@ instance saw; the test compares the files of all instances.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -31,8 +32,10 @@ report["checkNumIpusPerReplica(2)"] = popdist.checkNumIpusPerReplica(2)
 report["torch_before_init"] = "torch" in sys.modules
 index = popdist.getInstanceIndex()
 
+report["frozen_before_init"] = gc.get_freeze_count()
 popdist.init()
 popdist.init()  # a second call does nothing
+report["frozen_after_init"] = gc.get_freeze_count()  # the backend's imports (popdist.heap)
 report["initialized"] = popdist.isBackendInitialized()
 
 import torch  # noqa: E402 - after init, as a PopDist script does

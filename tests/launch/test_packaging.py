@@ -4,6 +4,7 @@ it uses the executor)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,19 @@ def test_light_modules_do_not_import_torch_or_horovod(module: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"importing {module} pulled in {out.stdout.strip()}"
+
+
+def test_the_framework_imports_leave_their_heap_frozen() -> None:
+    """``import popdist_torch`` (and ``popdist_lightning``) moves what torch's (Lightning's)
+    imports built to the collector's permanent generation (popdist.heap): no later full
+    collection, and not the interpreter's shutdown, walks it again."""
+    code = "import gc, popdist_torch; print(gc.get_freeze_count())"
+    if importlib.util.find_spec("lightning") is not None:
+        code += "; import popdist_lightning; print(gc.get_freeze_count())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    counts = [int(n) for n in out.stdout.split()]
+    assert counts[0] > 50_000, counts  # torch's modules, functions and operator overloads
+    assert counts == sorted(set(counts)), counts  # Lightning's import added to it
 
 
 def test_check_build_in_the_checkouts_environment() -> None:

@@ -53,6 +53,8 @@ def test_poprun_4_instances_8_replicas(backend: str, tmp_path: Path) -> None:
             "checkNumIpusPerReplica(2)": True,
         }, f"instance {i}"
         assert got["torch_before_init"] is False
+        # init() froze the heap that torch's and the backend's imports built (popdist.heap)
+        assert got["frozen_before_init"] == 0 and got["frozen_after_init"] > 50_000
         assert got["initialized"] is True
         assert got["collectives"] == [backend, 4, i]
         assert got["horovod_imported"] is (backend == "horovod")
