@@ -9,6 +9,9 @@ permanent generation (:func:`gc.freeze`), so later collections skip it. Objects 
 afterwards (the model, the data, the training state) are collected as before; the frozen ones
 are still freed by reference counting and finalised at shutdown as usual.
 
+One thing changes for the process: :func:`gc.get_referrers` does not look into the permanent
+generation, so it no longer finds a referrer that was frozen (a module's namespace, say).
+
 It is called where a framework has just been loaded: at the end of ``import popdist_torch``
 and ``import popdist_lightning``, and once :func:`popdist.init` started its backend.
 """
