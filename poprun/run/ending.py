@@ -19,14 +19,17 @@ import enum
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from poprun.errors import EXIT_HOSTS_LOST
 from poprun.run import verdict
 from poprun.run.evidence import ExitRecord, Failure
-from poprun.run.membership.members import Membership
 from poprun.run.progress.hang import Hang, HangWatch
 from poprun.run.time_limit import NOTICE_SIGNAL, TimeLimit
 from poprun.run.verdict import InstanceResult, RunResult, decide, ended_at_time_limit
+
+if TYPE_CHECKING:
+    from poprun.run.membership.members import Membership
 
 #: After the first failure, a signal or the time-out: how long mpirun gets to end the job
 #: itself before poprun SIGKILLs every instance it knows on this host...
@@ -184,12 +187,12 @@ class EndingPolicy:
 
     # --- events -------------------------------------------------------------------------
 
-    def launched(self) -> None:
-        """mpirun was started (the time-out counts from now)."""
+    def launched(self, at: float | None = None) -> None:
+        """mpirun was started, ``at`` (on :attr:`clock`) or now: the time-out counts from then."""
         self.now.started = True
         self.hang.reset()
         if self.timeout is not None:
-            self.now.deadline = self.clock() + self.timeout
+            self.now.deadline = (self.clock() if at is None else at) + self.timeout
 
     def may_launch(self) -> bool:
         """False once a signal has arrived: the job is not launched at all."""

@@ -49,14 +49,11 @@ class JobProcesses:
         #: The job ends on a lost host: its ssh connections are not waited for.
         self.host_lost = False
         self._pgids: dict[int, int] = {}  # instance -> its own process group (local ones)
-        self._not_ours: set[int] = set()
+        #: poprun's children from before mpirun started (an in-process caller's own), never
+        #: the job's: :class:`~poprun.run.launch.Launch` notes them.
+        self.not_ours: set[int] = set()
         #: poprun's own processes besides mpirun (the host watch's probes), never leftovers.
         self.own_pids: Callable[[], set[int]] = set
-
-    def start(self) -> None:
-        """Before mpirun starts: orphans of the job re-parent to poprun, not to init."""
-        leftovers.become_subreaper()
-        self._not_ours = set(leftovers.children(os.getpid()))  # a caller's own children
 
     def adopt(self, instance: int, pid: int) -> None:
         """Remember a local instance's process group (Open MPI gives each its own)."""
@@ -121,7 +118,7 @@ class JobProcesses:
 
         mpirun's own ssh connections get :data:`LAUNCH_GRACE_S` to end first, unless the job
         ends on a lost host (:attr:`host_lost`), whose connection would not end."""
-        keep = keep | self._not_ours | self.own_pids()
+        keep = keep | self.not_ours | self.own_pids()
         # (after a lost node, mpirun's srun to it does not end by itself either)
         slurm = self.topology.allocation is not None and not self.host_lost
         if slurm and self.mpirun_pid not in keep:

@@ -60,10 +60,10 @@ def notice_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
 
 def hold_until_exit() -> None:
     """Block SIGINT, SIGTERM and SIGHUP for the rest of the process: poprun has its exit
-    code and is on its way out. Python's interpreter shutdown puts the default handlers
-    back, so a second Ctrl-C that arrived just then (as poprun ends the job the first one
-    ended) would otherwise kill poprun by SIGINT instead of letting it exit 130, depending
-    on the timing. Blocked, the signal stays pending and goes with the process."""
+    code and is on its way out (flushing its output, then ``os._exit``). A second Ctrl-C
+    that arrived just then (as poprun ends the job the first one ended) must not kill
+    poprun by SIGINT instead of letting it exit 130, whatever handler is in place by then.
+    Blocked, the signal stays pending and goes with the process."""
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
 
 

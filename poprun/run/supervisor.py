@@ -8,9 +8,9 @@ instance's exit status, mpirun's abort announcement, the end of the streams, a C
 end the job at the time-out, SIGKILL after a grace period, stop reading, launch again) and
 the exit code and report are the policy's decisions; the supervisor only carries them out.
 
-mpirun runs in its own session (so Ctrl-C on one poprun never reaches another job) with
-``PR_SET_PDEATHSIG=SIGTERM``: if poprun is SIGKILLed, the kernel terminates mpirun, which
-takes its instances down with it.
+Each attempt's mpirun is started by a :class:`~poprun.run.launch.Launch` (in its own session,
+dying with poprun); for a job on this host alone the first one was started before this module
+was imported, and the attempt takes it over.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import contextlib
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,30 +33,24 @@ from poprun.plan.hosts import is_local
 from poprun.plan.topology import Topology
 from poprun.run.ending import Action, Do, Ending, EndingPolicy, Evidence
 from poprun.run.evidence import ExitRecord
-from poprun.run.membership.lease import LeaseServer, facing_address
-from poprun.run.membership.members import Membership
-from poprun.run.membership.watch import (
-    HostWatch,
-    probe_command,
-    slurm_addresses,
-    slurm_probe,
-)
-from poprun.run.output.fifos import DirectOutput, enlarge_pipe
+from poprun.run.launch import Launch
+from poprun.run.output.fifos import DirectOutput
 from poprun.run.output.router import JobOutput
 from poprun.run.output.tags import TagDemux
 from poprun.run.processes import JobProcesses
 from poprun.run.progress.hang import HangWatch
-from poprun.run.progress.watch import DIAGNOSES, ProgressWatch, with_secret
+from poprun.run.progress.watch import DIAGNOSES, ProgressWatch
 from poprun.run.signals import SignalInbox
 from poprun.run.status.view import ProgressView
 from poprun.run.time_limit import plan as plan_time_limit
 from poprun.run.time_limit import requeue, requeuing
 
 if TYPE_CHECKING:
+    import socket
+
+    from poprun.run.membership.watch import HostWatch
     from poprun.run.ssh_check import SharedConnections
     from poprun.run.status.server import StatusServer
-
-PR_SET_PDEATHSIG = 1
 
 
 class Feed(Protocol):
@@ -82,11 +75,14 @@ def supervise(
     status: StatusServer | None = None,
     replan: Replan | None = None,
     shared: SharedConnections | None = None,
+    launch: Launch | None = None,
 ) -> int:
     """Run the job, print the report the ending policy gives, return the exit code.
 
+    ``env`` holds the job's progress secret (:func:`~poprun.run.launch.with_secret`).
     ``status``: the ``--status-port`` endpoint, pointed at each attempt's progress.
     ``shared``: the ssh check's masters; a lost host's is stopped when the job ends on it.
+    ``launch``: the first attempt's start, made by the caller (a job on this host alone).
 
     With ``--max-restarts N``, the policy launches a job that failed (not one ended by a
     signal poprun received, nor by ``--timeout``) again, up to N times; the program resumes
@@ -95,21 +91,17 @@ def supervise(
     lost hosts is launched again on the rest (``replan``).
     """
     policy = _policy(config, topology, env)
-    env = with_secret(env)  # the instances' progress records carry it
+    env = dict(env)
     watch = _watch_hosts(config, topology, env, policy)
     if watch is not None:
         watch.connections = shared
     try:
         while True:
             attempt = Supervisor(config, topology, argv, _generation(env, policy), policy, inbox)
+            attempt.launch, launch = launch, None
             _watch_attempt(attempt, watch)
             if status is not None:
-                status.live.attach(
-                    attempt.board.snapshot,
-                    instances=len(topology.instances),
-                    started=time.monotonic(),
-                    notes=lambda attempt=attempt: attempt.progress.notes,  # type: ignore[misc]
-                )
+                _show(status, attempt)
             evidence = attempt.run()
             if watch is not None and config.min_hosts is not None:
                 _judge_hosts(policy, watch, topology, evidence)
@@ -131,6 +123,16 @@ def supervise(
     finally:
         if watch is not None:
             watch.close()
+
+
+def _show(status: StatusServer, attempt: Supervisor) -> None:
+    """The ``--status-port`` endpoint shows this attempt's progress from now on."""
+    status.live.attach(
+        attempt.board.snapshot,
+        instances=len(attempt.topology.instances),
+        started=time.monotonic(),
+        notes=lambda: attempt.progress.notes,
+    )
 
 
 def _watch_attempt(attempt: Supervisor, watch: HostWatch | None) -> None:
@@ -187,6 +189,12 @@ def _watch_hosts(
     allocation = topology.allocation
     if not remote or (allocation is not None and config.min_hosts is None):
         return None
+    # Imported here, not with this module: a job on one host needs none of them, and their
+    # imports (a thread pool, logging, hmac) would add ~15 ms to every launch.
+    from poprun.run.membership.lease import LeaseServer, facing_address
+    from poprun.run.membership.members import Membership
+    from poprun.run.membership.watch import HostWatch, probe_command, slurm_addresses, slurm_probe
+
     launch = next((host for host in topology.hosts if is_local(host)), None)
     membership = Membership(
         topology.hosts,
@@ -243,41 +251,9 @@ def _judge_hosts(
         watch.membership.killed(first_host, [-ended[i].returncode for i in on_host])
 
 
-def _start_mpirun(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """mpirun in its own session (Ctrl-C on one poprun never reaches another job)."""
-    proc = subprocess.Popen(
-        argv,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,
-    )
-    for pipe in (proc.stdout, proc.stderr):
-        assert pipe is not None
-        enlarge_pipe(pipe.fileno())
-    return proc
-
-
 def _send(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-
-
-def _wake_pair() -> tuple[socket.socket, socket.socket]:
-    """The signal wake-up: a non-blocking socket pair (read end, write end)."""
-    wake_r, wake_w = socket.socketpair()
-    wake_r.setblocking(False)
-    wake_w.setblocking(False)
-    return wake_r, wake_w
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() == 1:  # the parent already died
-        os._exit(1)
 
 
 class Supervisor:
@@ -313,6 +289,8 @@ class Supervisor:
         )
         self.procs = JobProcesses(topology, self.output.pids)
         self.direct: DirectOutput | None = None
+        #: This attempt's start, when made before the attempt (its mpirun perhaps started).
+        self.launch: Launch | None = None
         self._handled = 0  # signals of the inbox already given to the policy
         self._still_running: list[int] = []
         self._selector: selectors.BaseSelector | None = None
@@ -326,24 +304,17 @@ class Supervisor:
 
     def run(self) -> Evidence:
         """Start mpirun (unless a signal came first), supervise it to the end, return the evidence."""
-        self.inbox.interrupting = False  # from here on the policy decides what a signal means
-        self.output.open_files()
-        wake_r, wake_w = _wake_pair()
-        self._wake = wake_r
-        self.procs.start()
-        local = [p.index for p in self.topology.instances if is_local(p.host)]
+        launch = self.launch or Launch(self.topology, self.inbox)
+        self.launch = None
         try:
-            self.direct = DirectOutput(local, self.output.on_instance)
-            self.inbox.watch_job_control(wake_w.fileno())
-            try:
-                self._launch_and_watch()
-            finally:
-                self.inbox.unwatch_job_control()
+            self.direct = launch.direct
+            self.direct.deliver_to(self.output.on_instance)
+            self._wake = launch.wake_r
+            self.procs.not_ours = launch.not_ours
+            self.output.open_files()
+            self._launch_and_watch(launch)
         finally:
-            wake_r.close()
-            wake_w.close()
-            if self.direct is not None:
-                self.direct.close()
+            launch.close()
             self.output.close()
         return Evidence(
             instances=self.output.results(),
@@ -355,20 +326,22 @@ class Supervisor:
             diagnosis=self.progress.diagnosis,
         )
 
-    def _launch_and_watch(self) -> None:
-        """mpirun started and watched to its end; not started at all after a signal."""
-        assert self.direct is not None
-        self._take_signals(None)
-        if not self.policy.may_launch():
+    def _launch_and_watch(self, launch: Launch) -> None:
+        """mpirun started (unless ``launch`` did) and watched to its end; not started at all
+        after a signal."""
+        if not launch.tried:
+            self._take_signals(None)
+            if not self.policy.may_launch():
+                return
+            launch.start(self.argv, self.env)
+        if launch.proc is None:
+            self.policy.launch_failed(launch.error or "mpirun did not start")
             return
-        try:
-            proc = _start_mpirun(self.argv, {**self.env, **self.direct.env()})
-        except OSError as error:
-            self.policy.launch_failed(str(error))
-            return
-        self.policy.launched()
+        proc = launch.proc
+        self.policy.launched(at=launch.started_at)
         log.info(f"Waiting for mpirun (PID {proc.pid})")
         self.procs.mpirun_pid = proc.pid
+        launch.watched = True
         self._loop(proc)
 
     def _watch_pid(self, instance: int, pid: int) -> None:

@@ -238,19 +238,26 @@ def test_main_in_process_puts_the_callers_signal_handlers_back() -> None:
 
 
 def test_a_ctrl_c_as_poprun_exits_cannot_kill_it_by_sigint(tmp_path: Path) -> None:
-    """Once the command's ``main`` has its exit code, SIGINT/SIGTERM/SIGHUP are blocked:
-    Python's shutdown puts the default handlers back (``_PySignal_Fini``), and a second
-    Ctrl-C landing then used to kill poprun by SIGINT instead of letting it exit 130. The
-    shutdown is played here: the default handler back, then SIGINT."""
+    """Once the command's ``main`` has its exit code, SIGINT/SIGTERM/SIGHUP are blocked
+    until the process ends (``os._exit``, its output flushed): a second Ctrl-C landing then,
+    with the default handler back, used to kill poprun by SIGINT instead of letting it exit
+    with the job's code. Played here: the default handler back, then SIGINT, just before
+    the exit; nothing after ``main()`` runs."""
     script = (
         "import os, signal, sys\n"
-        "from poprun.cli import main\n"
+        "from poprun import cli\n"
+        "real_exit = cli._exit\n"
+        "def late_ctrl_c(code):\n"
+        "    signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    print('exiting', code, flush=True)\n"
+        "    real_exit(code)\n"
+        "cli._exit = late_ctrl_c\n"
         "sys.argv = ['poprun', '--version']\n"
-        "code = main()\n"
-        "signal.signal(signal.SIGINT, signal.SIG_DFL)  # as the interpreter's shutdown does\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "print('still here', code, flush=True)\n"
+        "cli.main()\n"
+        "print('main returned', flush=True)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, (done.returncode, done.stderr)
-    assert "still here 0" in done.stdout
+    assert done.stdout.startswith("poprun ") and "exiting 0" in done.stdout
+    assert "main returned" not in done.stdout

@@ -38,6 +38,10 @@ def enlarge_pipe(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
+def _undelivered(instance: int, kind: str, data: bytes) -> None:
+    raise RuntimeError(f"instance {instance}'s {kind} FIFO has no reader (deliver_to)")
+
+
 @dataclass
 class DirectFeed:
     """One instance's stdout or stderr FIFO: its bytes go to ``on_instance`` as they are."""
@@ -56,7 +60,11 @@ class DirectFeed:
 class DirectOutput:
     """The FIFOs of this host's instances, open for reading before mpirun starts."""
 
-    def __init__(self, instances: Iterable[int], on_instance: Callable[[int, str, bytes], None]):
+    def __init__(
+        self,
+        instances: Iterable[int],
+        on_instance: Callable[[int, str, bytes], None] = _undelivered,
+    ):
         self.directory = leftovers.private_dir("poprun-output-")
         #: Read end (non-blocking) -> its feed; an fd leaves when :meth:`close_fd` closes it.
         self.feeds: dict[int, DirectFeed] = {}
@@ -71,6 +79,11 @@ class DirectOutput:
         except OSError:
             self.close()
             raise
+
+    def deliver_to(self, on_instance: Callable[[int, str, bytes], None]) -> None:
+        """Where the FIFOs' bytes go, once the reader exists (made after the FIFOs)."""
+        for feed in self.feeds.values():
+            feed.on_instance = on_instance
 
     def env(self) -> dict[str, str]:
         """What mpirun's environment gets (its local children inherit it)."""
