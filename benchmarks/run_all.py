@@ -53,7 +53,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
     here = ROOT / "benchmarks"
     timing = ["--warmup", "5", "--iters", "7", "--batches", "8"]
     return {
-        "launchers": ([PY, str(here / "launchers.py"), "--rounds", "4", *b], 480, "launchers"),
+        "launchers": ([PY, str(here / "launchers.py"), "--rounds", "4", *b], 780, "launchers"),
         "launch_overhead": (
             [PY, str(here / "launch_overhead.py"), "--repeats", "9"],
             150,
