@@ -62,6 +62,11 @@ def median_at(*key: str) -> Figure:
     return figure
 
 
+def median_of(rounds: Rounds) -> Figure:
+    """The median of per-round figures (interleaved rounds: each pairs its cases in time)."""
+    return lambda data: float(statistics.median(rounds(data)))
+
+
 def ratio(measured: Figure, anchor: Figure) -> Figure:
     return lambda data: measured(data) / anchor(data)
 
@@ -276,27 +281,30 @@ def _launchers() -> list[Goal]:
     def each(job: str, a: str, b: str, n: int, how: str = "ratio") -> Rounds:
         return per_round(listed(job, a, str(n), "samples"), listed(job, b, str(n), "samples"), how)
 
+    # The figure: the median of the per-round differences or ratios (as the benchmark's own
+    # "more rounds until margin" judges it); the medians of each launcher are the detail.
     goals = []
     for n in (1, 2, 4):
         pop, bare = med("trivial", "poprun", n), med("trivial", "mpirun", n)
+        rounds = each("trivial", "poprun", "mpirun", n, "difference")
         goals.append(Goal(
             f"issue 7: poprun − bare mpirun, trivial job, {n} instances ≤ +0.12 s", "launchers",
-            difference(pop, bare), 0.12, "≤", "{a:.3f} s vs {b:.3f} s", {"a": pop, "b": bare},
-            optional=True, rounds=each("trivial", "poprun", "mpirun", n, "difference")))  # fmt: skip
+            median_of(rounds), 0.12, "≤", "{a:.3f} s vs {b:.3f} s (medians)",
+            {"a": pop, "b": bare}, optional=True, rounds=rounds))  # fmt: skip
     for n in (1, 2, 4):
         pop, bare = med("backend", "poprun", n), med("backend", "mpirun", n)
+        rounds = each("backend", "poprun", "mpirun", n)
         goals.append(Goal(
             f"issue 7: poprun / bare mpirun, job starting Horovod, {n} instances ≤ 1.1×",
-            "launchers", ratio(pop, bare), 1.1, "≤", "{a:.3f} s vs {b:.3f} s",
-            {"a": pop, "b": bare}, optional=True,
-            rounds=each("backend", "poprun", "mpirun", n)))  # fmt: skip
+            "launchers", median_of(rounds), 1.1, "≤", "{a:.3f} s vs {b:.3f} s (medians)",
+            {"a": pop, "b": bare}, optional=True, rounds=rounds))  # fmt: skip
     for n in (1, 2, 4):
         pop, peer = med("backend", "poprun", n), med("backend", "torchrun", n)
+        rounds = each("backend", "poprun", "torchrun", n)
         goals.append(Goal(
             f"issue 7: poprun + popdist.init() < torchrun + init_process_group, {n} instances",
-            "launchers", ratio(pop, peer), 1.0, "<", "{a:.3f} s vs {b:.3f} s",
-            {"a": pop, "b": peer}, optional=True,
-            rounds=each("backend", "poprun", "torchrun", n)))  # fmt: skip
+            "launchers", median_of(rounds), 1.0, "<", "{a:.3f} s vs {b:.3f} s (medians)",
+            {"a": pop, "b": peer}, optional=True, rounds=rounds))  # fmt: skip
     return goals
 
 
@@ -314,11 +322,13 @@ def _launch_overhead() -> list[Goal]:
     imports = listed("samples", "python -c 'import popdist'"), listed("samples", "python -c pass")
     return [
         Goal("issue 3: poprun − mpirun (same flags), `import popdist`, 2 instances ≤ +0.12 s",
-             "launch-overhead", difference(*trivial), 0.12, "≤", "{a:.3f} s vs {b:.3f} s",
-             {"a": trivial[0], "b": trivial[1]}, rounds=t_rounds),
+             "launch-overhead", median_of(t_rounds), 0.12, "≤",
+             "{a:.3f} s vs {b:.3f} s (medians)", {"a": trivial[0], "b": trivial[1]},
+             rounds=t_rounds),
         Goal("issue 3: poprun / mpirun (same flags), popdist.init(), 2 instances ≤ 1.1×",
-             "launch-overhead", ratio(*horovod), 1.1, "≤", "{a:.3f} s vs {b:.3f} s",
-             {"a": horovod[0], "b": horovod[1]}, optional=True, rounds=h_rounds),
+             "launch-overhead", median_of(h_rounds), 1.1, "≤",
+             "{a:.3f} s vs {b:.3f} s (medians)", {"a": horovod[0], "b": horovod[1]},
+             optional=True, rounds=h_rounds),
         Goal("issue 3: `poprun --help` < 0.3 s", "launch-overhead",
              ratio(m("poprun --help"), lambda _: 0.3), 1.0, "<", "{h:.3f} s",
              {"h": m("poprun --help")},
