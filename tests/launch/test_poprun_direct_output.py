@@ -7,6 +7,8 @@ import json
 import os
 import stat
 import sys
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -90,3 +92,42 @@ def test_a_fifo_no_instance_opened_reads_as_closed() -> None:
     finally:
         direct.close()
     assert not os.path.exists(direct.directory) and not direct.feeds
+
+
+def _one_local_instance() -> Any:
+    from poprun.plan.topology import Topology
+
+    return cast(Topology, SimpleNamespace(instances=[SimpleNamespace(index=0, host="localhost")]))
+
+
+def test_a_started_launch_no_loop_watched_is_ended_and_leaves_nothing() -> None:
+    """An error between the early start and the supervisor's loop (poprun.run.launch): the
+    started process is ended and reaped, the FIFOs removed, job control put back."""
+    import signal
+
+    from poprun.run.launch import Launch
+    from poprun.run.signals import SignalInbox
+
+    before = signal.getsignal(signal.SIGTSTP)
+    launch = Launch(_one_local_instance(), SignalInbox())
+    assert os.path.isdir(launch.direct.directory) and signal.getsignal(signal.SIGTSTP) != before
+    launch.start(["sleep", "30"], dict(os.environ))
+    proc = launch.proc
+    assert proc is not None and proc.poll() is None and launch.error is None
+    launch.close()
+    assert proc.returncode == -signal.SIGTERM  # ended by poprun, and reaped
+    assert not os.path.exists(launch.direct.directory)
+    assert signal.getsignal(signal.SIGTSTP) == before
+    launch.close()  # a second close (the caller's, after the supervisor's) does nothing
+
+
+def test_a_launch_that_cannot_start_keeps_the_error() -> None:
+    from poprun.run.launch import Launch
+    from poprun.run.signals import SignalInbox
+
+    launch = Launch(_one_local_instance(), SignalInbox())
+    try:
+        launch.start(["/nonexistent/mpirun"], dict(os.environ))
+        assert launch.proc is None and launch.tried and "nonexistent" in (launch.error or "")
+    finally:
+        launch.close()
