@@ -4,7 +4,7 @@ A :class:`Goal` says what is measured (a figure read from a benchmark's JSON in 
 against which anchor, the threshold and its direction. ``GOALS`` is the table
 ``run_all.py`` evaluates into the headline of ``docs/performance.md``; adding a goal is
 adding one record. A figure is a small function of the benchmark's results
-(:func:`at`, :func:`ratio`, :func:`difference` build the usual ones); a goal whose figure is
+(:func:`at`, :func:`ratio`, :func:`difference`, :func:`median_of` build the usual ones); a goal whose figure is
 missing is shown "not measured", or left out when it is ``optional`` (a size or an instance
 count the run did not include).
 

@@ -283,34 +283,26 @@ def main(argv: list[str] | None = None) -> int:
     def series(name: str, key: str) -> list[float]:
         return [m[key] for m in got[name]]
 
-    def ratios(a: str, b: str, key: str) -> list[float]:
+    def ratios(a: str, b: str, key: str = "samples_per_s") -> list[float]:
+        """Round by round, case ``a`` over case ``b``."""
         return [x / y for x, y in zip(series(a, key), series(b, key), strict=True)]
 
+    ipu_2 = "IPUStrategy, poprun 2 instances"
+    ipu_1, raw_1 = "IPUStrategy, 1 process", "raw popdist_torch loop, 1 process"
+
     def settled() -> bool:  # both goals clear with margin (issue 33)
-        return clears(
-            ratios("IPUStrategy, poprun 2 instances", "DDP (gloo), 2 processes", "samples_per_s"),
-            1.2,
-            "≥",
-        ) and clears(
-            ratios("IPUStrategy, 1 process", "raw popdist_torch loop, 1 process", "s_per_step"),
-            1.5,
-            "≤",
+        return clears(ratios(ipu_2, "DDP (gloo), 2 processes"), 1.2, "≥") and clears(
+            ratios(ipu_1, raw_1, "s_per_step"), 1.5, "≤"
         )
 
     rounds = rounds_until_clear(
         one_round, args.rounds, settled=settled, max_rounds=args.max_rounds, budget_s=args.budget
     )
 
-    ipu2 = series("IPUStrategy, poprun 2 instances", "samples_per_s")
-    ddp = series("DDP (gloo), 2 processes", "samples_per_s")
-    ddp1 = series("DDP (gloo), 2 processes, 1 thread each", "samples_per_s")
-    raw2 = series("raw popdist_torch loop, poprun 2 instances", "samples_per_s")
-    step_l = series("IPUStrategy, 1 process", "s_per_step")
-    step_r = series("raw popdist_torch loop, 1 process", "s_per_step")
-    vs_ddp = [a / b for a, b in zip(ipu2, ddp, strict=True)]
-    vs_ddp1 = [a / b for a, b in zip(ipu2, ddp1, strict=True)]
-    per_step = [a / b for a, b in zip(step_l, step_r, strict=True)]
-    vs_raw2 = [a / b for a, b in zip(ipu2, raw2, strict=True)]
+    vs_ddp = ratios(ipu_2, "DDP (gloo), 2 processes")
+    vs_ddp1 = ratios(ipu_2, "DDP (gloo), 2 processes, 1 thread each")
+    per_step = ratios(ipu_1, raw_1, "s_per_step")
+    vs_raw2 = ratios(ipu_2, "raw popdist_torch loop, poprun 2 instances")
     result = {
         "rounds": rounds,
         "samples_per_s": {n: series(n, "samples_per_s") for n in names},
