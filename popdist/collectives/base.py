@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -27,6 +27,8 @@ __all__ = ["Collectives", "Handle"]
 
 #: An in-flight asynchronous collective, opaque to the caller: give it to ``wait``.
 Handle = Any
+
+_NOTHING = contextlib.nullcontext()  # reusable: the default waited_next() block
 
 
 class Collectives(abc.ABC):
@@ -78,14 +80,15 @@ class Collectives(abc.ABC):
     def wait(self, handle: Handle) -> None:
         """Block until the collective ``handle`` stands for has finished."""
 
-    @contextlib.contextmanager
-    def waited_next(self) -> Iterator[None]:
+    def waited_next(self) -> contextlib.AbstractContextManager[None]:
         """A hint: the collectives started in this block are waited for right after it.
 
         A backend with a communication thread may then leave them to the waiter instead of
         waking the thread (the torch backend's MPI lane does). The default does nothing.
+        A context object, not a generator: this runs on every weight update, between the
+        backward pass and the last allreduce.
         """
-        yield
+        return _NOTHING
 
     def allreduce_(
         self, tensor: torch.Tensor, *, average: bool = False, name: str | None = None

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -211,8 +211,6 @@ class _Bucket:
         self.nbytes += tensor.numel() * tensor.element_size()
 
     def launch(self, lane: MpiLane | None, *, wake: bool = True) -> None:
-        import torch.distributed as dist
-
         if len(self.tensors) == 1 and self.tensors[0].is_contiguous():
             target = self.tensors[0]
         else:
@@ -221,6 +219,8 @@ class _Bucket:
         if lane is not None and lane.takes(target):
             self.work = lane.submit(target, wake=wake)
         else:
+            import torch.distributed as dist
+
             self.work = dist.all_reduce(target, async_op=True)
 
     def complete(self, size: int) -> None:
@@ -248,6 +248,22 @@ def _divide(tensor: torch.Tensor, size: int) -> None:
         tensor.div_(size, rounding_mode="floor")
 
 
+class _WaitedNext:
+    """The block of :meth:`TorchCollectives.waited_next` (it nests): a small object, not a
+    generator, as it runs between the backward pass and the last allreduce of every update."""
+
+    __slots__ = ("depth",)
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+
+
 class TorchCollectives(Collectives):
     """:class:`Collectives` on ``torch.distributed``: gloo, or NCCL on GPUs; fused buckets."""
 
@@ -264,7 +280,7 @@ class TorchCollectives(Collectives):
         self._open: _Bucket | None = None
         self._size = 1
         self._lane: MpiLane | None = None
-        self._wake_lane = True  # False inside waited_next(): the waiter runs the work
+        self._waited_next = _WaitedNext()  # inside it, the waiter runs the work
 
     @property
     def process_group_backend(self) -> str | None:
@@ -339,20 +355,15 @@ class TorchCollectives(Collectives):
             self._flush()
         return bucket
 
-    @contextlib.contextmanager
-    def waited_next(self) -> Iterator[None]:
+    def waited_next(self) -> contextlib.AbstractContextManager[None]:
         """Buckets launched in the block do not wake the MPI lane's thread: the waiter runs
         them itself when it can (:meth:`~popdist.collectives.mpilane.MpiLane.run_here`)."""
-        before, self._wake_lane = self._wake_lane, False
-        try:
-            yield
-        finally:
-            self._wake_lane = before
+        return self._waited_next
 
     def _flush(self) -> None:
         bucket, self._open = self._open, None
         if bucket is not None:
-            bucket.launch(self._lane, wake=self._wake_lane)
+            bucket.launch(self._lane, wake=not self._waited_next.depth)
             self._launched_since_wait = True
 
     def wait(self, handle: Handle) -> None:

@@ -27,6 +27,8 @@ def main() -> None:
         torch.full((5,), int(r), dtype=torch.int64),  # dtype change: a new bucket
         torch.full((40,), r),  # 160 bytes: larger than a bucket, reduced in place
         torch.full((4, 4), r).t(),  # non-contiguous
+        torch.full((2,), r, dtype=torch.float64),  # each of the lane's MPI types
+        torch.full((3,), int(r), dtype=torch.int32),
         torch.full((3,), r, dtype=torch.bfloat16),  # no MPI dtype: gloo even beside the lane
     ]
     handles = [c.allreduce_async_(t) for t in tensors]
@@ -34,7 +36,7 @@ def main() -> None:
     handles.append(c.allreduce_async_(averaged, average=True))
     for handle in reversed(handles):  # waiting out of order is fine
         c.wait(handle)
-    want = [3.0, 3.0, 3, 3.0, 3.0, 3.0]
+    want = [3.0, 3.0, 3, 3.0, 3.0, 3.0, 3, 3.0]
     problems = [
         f"tensor {i}: {t.flatten().tolist()[:3]} != {w}"
         for i, (t, w) in enumerate(zip(tensors, want, strict=True))

@@ -257,6 +257,7 @@ class FakeMPI:
     """``mpi4py.MPI`` with a started world of two ranks, granting ``granted``."""
 
     THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = range(4)
+    FLOAT, DOUBLE, INT32_T, INT64_T = "float32", "float64", "int32", "int64"
 
     def __init__(self, granted: int) -> None:
         self.granted = granted

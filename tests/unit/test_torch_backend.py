@@ -101,6 +101,14 @@ def test_the_cpu_allreduce_variable() -> None:
         env.read_torch_cpu_allreduce({"POPDIST_TORCH_CPU_ALLREDUCE": "nccl"})
 
 
+def _view(spec: Any) -> Any:
+    """The numpy view of the lane's ``[memory, type]`` buffer spec (as MPI would see it)."""
+    import numpy as np
+
+    memory, dtype = spec
+    return np.frombuffer(memory, dtype=dtype)
+
+
 class _FakeComm:
     """A communicator of one rank that doubles what it reduces, recording the order."""
 
@@ -112,10 +120,9 @@ class _FakeComm:
     def Dup(self) -> _FakeComm:
         return self
 
-    def Allreduce(self, where: object, buffer: object, op: object) -> None:
-        import numpy as np
-
-        assert where == "IN_PLACE" and op == "SUM" and isinstance(buffer, np.ndarray)
+    def Allreduce(self, where: object, spec: object, op: object) -> None:
+        assert where == "IN_PLACE" and op == "SUM"
+        buffer = _view(spec)
         if self.fail_on is not None and len(self.reduced) == self.fail_on:
             raise RuntimeError("MPI_ERR_TRUNCATE")
         self.reduced.append(int(buffer.size))
@@ -125,8 +132,18 @@ class _FakeComm:
         self.freed = True
 
 
+class _FakeBuffer:
+    @staticmethod
+    def fromaddress(address: int, nbytes: int) -> Any:
+        import ctypes
+
+        return (ctypes.c_byte * nbytes).from_address(address)
+
+
 class _FakeMPI:
     IN_PLACE, SUM = "IN_PLACE", "SUM"
+    FLOAT, DOUBLE, INT32_T, INT64_T = "float32", "float64", "int32", "int64"
+    buffer = _FakeBuffer
 
     @staticmethod
     def Is_finalized() -> bool:
@@ -162,9 +179,9 @@ def test_a_waiter_runs_the_newest_unstarted_work_itself_and_the_lane_skips_it() 
     threads: list[int] = []
 
     class Comm(_FakeComm):
-        def Allreduce(self, where: object, buffer: object, op: object) -> None:
+        def Allreduce(self, where: object, spec: object, op: object) -> None:
             threads.append(threading.get_ident())
-            super().Allreduce(where, buffer, op)
+            super().Allreduce(where, spec, op)
 
     comm = Comm()
     lane = MpiLane(comm, _FakeMPI)
@@ -196,9 +213,9 @@ def test_works_queued_without_a_wake_up_run_in_order_when_waited_for() -> None:
     ran_on: list[tuple[int, int]] = []
 
     class Comm(_FakeComm):
-        def Allreduce(self, where: object, buffer: Any, op: object) -> None:
-            ran_on.append((int(buffer.size), threading.get_ident()))
-            super().Allreduce(where, buffer, op)
+        def Allreduce(self, where: object, spec: Any, op: object) -> None:
+            ran_on.append((int(_view(spec).size), threading.get_ident()))
+            super().Allreduce(where, spec, op)
 
     lane = MpiLane(Comm(), _FakeMPI)
     me = threading.get_ident()
