@@ -2,9 +2,10 @@
 
 The executor's gradient path (Horovod through ``popdist.collectives``) against raw
 mpi4py ``Allreduce`` and torch.distributed gloo, each launched by poprun as 2 instances (so
-every backend runs with the same Open MPI settings, those the product runs with), rounds
-interleaved; numpy ``c = a + b`` on the same sizes gives this machine's memory-bandwidth
-reference. Reports algbw = S/t and busbw = algbw·2(n-1)/n (nccl-tests' definitions).
+every backend runs with the same Open MPI settings, those the product runs with). In each
+round every backend's job is launched at once and the jobs take turns, a block of calls each
+(``benchmarks/_turns.py``), so the blocks compared lie seconds apart and not a launch apart;
+numpy ``c = a + b`` on the same sizes gives this machine's memory-bandwidth reference. Reports algbw = S/t and busbw = algbw·2(n-1)/n (nccl-tests' definitions).
 
 The page size of the buffer matters as much as the path: numpy asks the kernel for 2 MB
 pages on large arrays (``madvise(MADV_HUGEPAGE)``), torch's allocator does not unless
@@ -14,7 +15,8 @@ MPI on a torch-allocated buffer (4 KB pages, where gradients live) and on a nump
 (2 MB pages), the gradient path as it runs and with ``THP_MEM_ALLOC_ENABLE=1``.
 
 With ``--baseline DIR`` (the packages at an earlier commit) a ``horovod (before)`` backend
-times that version's gradient path in the same interleaved rounds.
+times that version's gradient path in the same rounds (launched alone: its worker takes no
+turns).
 
     .venv/bin/python benchmarks/allreduce.py [--rounds 3] [--quick] [--baseline DIR]
 """
@@ -29,9 +31,11 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DOCS, ROOT, Summary, rounds_until_clear, save_results, table, write_doc
+from _turns import TurnJob, take_turns
 from goals import clears
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
@@ -42,9 +46,14 @@ RANKS = 2
 #: The goal (issue 7): the gradient path ≥ 0.9× raw MPI from 16 MB.
 GOAL, GOAL_FROM = 0.9, 16 << 20
 WORKER = ROOT / "benchmarks" / "allreduce_worker.py"
+#: Blocks per size and launch: each backend's blocks alternate with the others' (issue 33).
+BLOCKS = 5
 
 
-def run_backend(backend: str, sizes: list[int], baseline: str | None = None) -> dict[int, float]:
+def _launch(
+    backend: str, sizes: list[int], baseline: str | None
+) -> tuple[list[str], dict[str, str], Path]:
+    """The poprun command of one backend's job, its environment and directory."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -66,14 +75,38 @@ def run_backend(backend: str, sizes: list[int], baseline: str | None = None) -> 
     poprun = [sys.executable, "-m", "poprun", "--num-instances", str(RANKS)]
     argv = [*poprun, "--num-replicas", str(RANKS), sys.executable, str(worker)]
     argv += ["--backend", backend, "--sizes", ",".join(map(str, sizes))]
+    return argv, env, cwd
+
+
+def _lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
+
+
+def run_backend(backend: str, sizes: list[int], baseline: str | None = None) -> dict[int, float]:
+    """One launch of ``backend`` alone: the slowest rank's median per size."""
+    argv, env, cwd = _launch(backend, sizes, baseline)
     out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=cwd, env=env).stdout
-    lines = [line[line.index("{") :] for line in out.splitlines() if "{" in line]
-    return {r["bytes"]: r["seconds"] for r in map(json.loads, lines)}
+    return {r["bytes"]: r["seconds"] for r in _lines(out)}
 
 
-def _paired(path_s: list[float], mpi_s: list[float]) -> list[float]:
-    """Per-round bandwidth ratios path / MPI (times are per round, in round order)."""
-    return [m / p for p, m in zip(path_s, mpi_s, strict=True)]
+def run_side_by_side(backends: list[str], sizes: list[int]) -> dict[str, dict[int, list[float]]]:
+    """Every backend's job launched at once, taking turns block by block
+    (``benchmarks/_turns.py``): per backend and size, the slowest rank's median of each block."""
+    jobs = {}
+    for backend in backends:
+        argv, env, cwd = _launch(backend, sizes, None)
+        jobs[backend] = TurnJob([*argv, "--blocks", str(BLOCKS)], env, cwd, RANKS)
+    outputs = take_turns(jobs, len(sizes) * BLOCKS)
+    return {b: {r["bytes"]: r["blocks"] for r in _lines(out)} for b, out in outputs.items()}
+
+
+def _paired(path_blocks: list[list[float]], mpi_blocks: list[list[float]]) -> list[float]:
+    """Per-round bandwidth ratios path / MPI: in each round, the median over the pairs of
+    blocks the two jobs timed next to each other (their times, in turn order)."""
+    return [
+        statistics.median(m / p for p, m in zip(path, mpi, strict=True))
+        for path, mpi in zip(path_blocks, mpi_blocks, strict=True)
+    ]
 
 
 def human(n: int) -> str:
@@ -92,31 +125,35 @@ def main() -> None:
     backends = BACKENDS + (["horovod (before)"] if args.baseline else [])
 
     samples: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    blocks: dict[str, dict[int, list[list[float]]]] = defaultdict(lambda: defaultdict(list))
 
     def settled() -> bool:  # every goal size clears 0.9 with margin, on both kinds of memory
         return all(
-            clears(_paired(samples[a][size], samples[b][size]), GOAL, "≥")
+            clears(_paired(blocks[a][size], blocks[b][size]), GOAL, "≥")
             for size in sizes
             if size >= GOAL_FROM
             for a, b in (("horovod", "mpi4py"), ("horovod-2mb", "mpi4py-numpy"))
         )
 
     def one_round(r: int) -> None:
-        for backend in backends[r % len(backends) :] + backends[: r % len(backends)]:
+        order = BACKENDS[r % len(BACKENDS) :] + BACKENDS[: r % len(BACKENDS)]
+        for backend, got_blocks in run_side_by_side(order, sizes).items():
+            for size, times in got_blocks.items():
+                blocks[backend][size].append(times)
+                samples[backend][size].append(statistics.median(times))
+        if "horovod (before)" in backends:  # the earlier worker takes no turns: alone
             try:
-                got = run_backend(backend, sizes, args.baseline)
+                got = run_backend("horovod (before)", sizes, args.baseline)
             except subprocess.CalledProcessError as failed:
-                if backend != "horovod (before)":
-                    raise
                 # The earlier commit's packages no longer run beside today's environment:
                 # the before column is left out, the measured rows and the goals stand.
                 tail = (failed.stderr or "").strip().splitlines()[-1:]
                 print(f"before column left out: {' '.join(tail)}", file=sys.stderr)
-                backends.remove(backend)
-                samples.pop(backend, None)
-                continue
+                backends.remove("horovod (before)")
+                samples.pop("horovod (before)", None)
+                return
             for size, secs in got.items():
-                samples[backend][size].append(secs)
+                samples["horovod (before)"][size].append(secs)
 
     rounds = rounds_until_clear(
         one_round, args.rounds, settled=settled, max_rounds=args.max_rounds, budget_s=args.budget
@@ -133,11 +170,11 @@ def main() -> None:
             for b in backends
         }
         results[size] = {"algbw": algbw, "median_s": med, "algbw_range": spread}
-        # Path / MPI from the two launches of the same round (close in time, so slow drift in
-        # the machine's load cancels), then the median over rounds.
+        # Path / MPI from blocks the two jobs timed next to each other (seconds apart, so the
+        # machine's drift cancels), the median over a round's blocks, then over rounds.
         paired = {
-            "4k_pages": _paired(samples["horovod"][size], samples["mpi4py"][size]),
-            "2m_pages": _paired(samples["horovod-2mb"][size], samples["mpi4py-numpy"][size]),
+            "4k_pages": _paired(blocks["horovod"][size], blocks["mpi4py"][size]),
+            "2m_pages": _paired(blocks["horovod-2mb"][size], blocks["mpi4py-numpy"][size]),
         }
         results[size]["ratio"] = {k: statistics.median(v) for k, v in paired.items()}
         results[size]["ratio_range"] = {k: [min(v), max(v)] for k, v in paired.items()}
@@ -158,16 +195,18 @@ def main() -> None:
             ]
         )
     body = (
-        f"{RANKS} ranks, float32 sum, in place; median of {rounds} interleaved launches "
-        f"(at least {args.rounds}, more until the goals clear with margin), each "
-        "the slowest rank's median over repeated calls. algbw / busbw in GB/s (busbw = algbw·2(n-1)/n; "
+        f"{RANKS} ranks, float32 sum, in place; median of {rounds} rounds "
+        f"(at least {args.rounds}, more until the goals clear with margin). In a round every "
+        f"backend's job runs at once and they take turns, {BLOCKS} blocks of calls per size "
+        "each (`benchmarks/_turns.py`); a figure is the slowest rank's median per block, "
+        "then the median over blocks. algbw / busbw in GB/s (busbw = algbw·2(n-1)/n; "
         "for 2 ranks they are equal). Each path on both kinds of memory: *4 KB pages* is a buffer "
         "from torch's allocator as gradients get it; *2 MB pages* is a numpy array (numpy advises "
         "huge pages for large arrays) for raw MPI and `THP_MEM_ALLOC_ENABLE=1` for the gradient path. "
         "`memory` is numpy `c = a + b` over the same size in one process (GB/s of S): the "
         "memory-bandwidth reference. The goal (gradient path ≥ 0.9× raw MPI from 16 MB) is the "
-        "ratio on the same memory, taken per round (both launches of a round run within a "
-        "minute of each other) and then the median over rounds. Spread (slowest–fastest round, and the range "
+        "ratio on the same memory, taken per pair of blocks timed next to each other, the "
+        "median of those per round, then the median over rounds. Spread (slowest–fastest round, and the range "
         "of the per-round ratios) is in docs/allreduce.json.\n\n"
         + table(
             [

@@ -9,6 +9,13 @@ a buffer from torch's allocator, the memory gradients live in), ``mpi4py-numpy``
 numpy array: numpy advises the kernel to back large arrays with 2 MB pages, torch does not
 unless ``THP_MEM_ALLOC_ENABLE=1``), ``gloo`` (``torch.distributed``), and ``memory`` (numpy
 ``c = a + b`` in one process while the others wait: the memory-bandwidth reference).
+
+With ``--turns DIR`` the job takes turns with other jobs launched beside it
+(``benchmarks/_turns.py``): each size is timed in ``--blocks`` blocks, a block only when the
+coordinator hands this job its turn, and everything else a rank does (building the next
+size's buffers, finding the slowest rank, starting up, exiting) happens inside a turn or
+before the first one, so one job's work never lands in another's timed block. Each line then
+also carries the slowest rank's median of every block.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def _reps(nbytes: int) -> int:
@@ -37,6 +45,50 @@ def _time(fn: Callable[[], None], reps: int, barrier: Callable[[], None]) -> flo
     return statistics.median(samples)
 
 
+class Turns:
+    """This rank's side of ``benchmarks/_turns.py``: it reads a byte from ``go.RANK`` to
+    start a turn and writes one to ``done`` when the turn (or, at first, start-up) is over."""
+
+    def __init__(self, directory: str, rank: int) -> None:
+        # Held for the life of the process: a turn is a read and a write on them.
+        self._go = open(os.path.join(directory, f"go.{rank}"), "rb", buffering=0)  # noqa: SIM115
+        self._done = open(os.path.join(directory, "done"), "wb", buffering=0)  # noqa: SIM115
+        self.end()  # started up: the coordinator hands out no turn before every rank is here
+
+    def begin(self) -> None:
+        if self._go.read(1) != b"g":  # the coordinator is gone
+            raise SystemExit("allreduce_worker: the turns' coordinator went away")
+
+    def end(self) -> None:
+        self._done.write(b"d")
+
+
+def _blocks(
+    make: Callable[[int], Callable[[], None]],
+    sizes: list[int],
+    blocks: int,
+    turns: Turns,
+    comm: Any,
+) -> dict[int, list[float]]:
+    """Per size, the slowest rank's median of each of ``blocks`` blocks, one block a turn."""
+    got: dict[int, list[float]] = {}
+    fn: Callable[[], None] | None = None
+    for n in sizes:
+        per_block = max(4, -(-_reps(n) // blocks))  # about as many calls as without turns
+        local = []
+        for b in range(blocks):
+            turns.begin()
+            if b == 0:
+                fn = None  # the previous size's buffers are freed in this job's turn
+                fn = make(n)
+            assert fn is not None
+            local.append(_time(fn, per_block, comm.Barrier))
+            if b == blocks - 1:  # a collective ends when its last rank does
+                got[n] = [max(each) for each in zip(*comm.allgather(local), strict=True)]
+            turns.end()
+    return got
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -45,6 +97,8 @@ def main() -> None:
         choices=["horovod", "torch", "mpi4py", "mpi4py-numpy", "gloo", "memory"],
     )
     parser.add_argument("--sizes", required=True, help="comma-separated sizes in bytes")
+    parser.add_argument("--turns", help="take turns with other jobs (benchmarks/_turns.py)")
+    parser.add_argument("--blocks", type=int, default=5, help="blocks per size, with --turns")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
@@ -104,18 +158,23 @@ def main() -> None:
             t = torch.ones(n // 4, dtype=torch.float32)
             return lambda: dist.all_reduce(t)
 
+    if args.turns:
+        turns = Turns(args.turns, rank)
+        blocks = _blocks(run, sizes, args.blocks, turns, comm)
+        turns.begin()  # the last turn: report and exit while no other job is timed
     for n in sizes:
-        local = _time(run(n), _reps(n), barrier)
-        slowest = comm.allreduce(local, op=MPI.MAX)
-        if args.backend == "memory":
-            slowest = comm.bcast(local, root=0)
+        if args.turns:
+            slowest = statistics.median(blocks[n])
+        else:
+            local = _time(run(n), _reps(n), barrier)
+            slowest = comm.allreduce(local, op=MPI.MAX)
+            if args.backend == "memory":
+                slowest = comm.bcast(local, root=0)
         if rank == 0:
-            print(
-                json.dumps(
-                    {"backend": args.backend, "bytes": n, "seconds": slowest, "ranks": size}
-                ),
-                flush=True,
-            )
+            line = {"backend": args.backend, "bytes": n, "seconds": slowest, "ranks": size}
+            if args.turns:
+                line["blocks"] = blocks[n]
+            print(json.dumps(line), flush=True)
     if args.backend == "gloo":
         import torch.distributed as dist
 

@@ -2,17 +2,20 @@
 
     .venv/bin/python benchmarks/torch_backend.py [--rounds 5] [--sizes 16,64,256]
 
-Two parts, each side by side in interleaved rounds (every case once per round, rotating
-order; a ratio is taken within a round, then the median over rounds):
+Two parts, each side by side in rounds (a ratio is taken within a round, then the median
+over rounds):
 
 - the executor's gradient path (``GradientReducer`` over one parameter of the size, 2
   poprun instances) with ``--backend torch`` (CPU buckets over its MPI lane, the default)
   against the same path with ``--backend horovod`` and against raw mpi4py ``MPI.Allreduce``
   on torch's memory, at 16-256 MB (``benchmarks/allreduce_worker.py``); the torch backend
-  with ``POPDIST_TORCH_CPU_ALLREDUCE=gloo`` (gloo over TCP) is shown beside them;
+  with ``POPDIST_TORCH_CPU_ALLREDUCE=gloo`` (gloo over TCP) is shown beside them. In a
+  round every path's job runs at once and they take turns block by block
+  (``benchmarks/_turns.py``);
 - MLP training, 2 instances x 1 replica x 64, ``poprun --backend torch`` against
   ``torchrun`` + DDP (gloo) on the same model and batches, and against ``--backend
-  horovod`` (``benchmarks/training_throughput.py``'s workers).
+  horovod`` (``benchmarks/training_throughput.py``'s workers), every case once per round
+  in a rotating order.
 
 Goals (issue 19): torch gradient path ≥ 0.9x Horovod's and ≥ 0.9x raw MPI_Allreduce from
 16 MB; training with ``--backend torch`` ≥ 1.0x torchrun + DDP. Writes
@@ -26,7 +29,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,16 +36,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import ROOT, interleave, rounds_until_clear, save_results, table, write_doc
+from _turns import TurnJob, take_turns
 from goals import clears
 
 WORKER = ROOT / "benchmarks" / "allreduce_worker.py"
 PATHS = ("torch", "torch-gloo", "horovod", "mpi4py")
+#: Blocks per size and round: each path's blocks alternate with the others' (issue 33).
+BLOCKS = 5
 TRAINING = ("popdist-2x1-torch", "ddp-2", "popdist-2x1")
 _CLEARED = ("THP_MEM_ALLOC_ENABLE", "NUMPY_MADVISE_HUGEPAGE", "OMP_NUM_THREADS")
 
 
-def allreduce_seconds(path: str, sizes: list[int]) -> dict[int, float]:
-    """One launch of 2 poprun instances timing ``path``: slowest rank's median per size."""
+def _job(path: str, sizes: list[int]) -> TurnJob:
+    """The job of 2 poprun instances timing ``path`` (``--turns`` is added by ``take_turns``)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -57,46 +62,61 @@ def allreduce_seconds(path: str, sizes: list[int]) -> dict[int, float]:
     timed = "mpi4py" if path == "mpi4py" else backend  # what the worker times
     argv = [sys.executable, "-m", "poprun", "--num-instances", "2", "--num-replicas", "2"]
     argv += ["--backend", backend, sys.executable, str(WORKER), "--backend", timed]
-    argv += ["--sizes", ",".join(map(str, sizes))]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    if proc.returncode:
-        raise RuntimeError(f"{path}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    lines = [line[line.index("{") :] for line in proc.stdout.splitlines() if "{" in line]
-    return {r["bytes"]: r["seconds"] for r in map(json.loads, lines)}
+    argv += ["--sizes", ",".join(map(str, sizes)), "--blocks", str(BLOCKS)]
+    return TurnJob(argv, env, ROOT, 2)
+
+
+def allreduce_blocks(paths: list[str], sizes: list[int]) -> dict[str, dict[int, list[float]]]:
+    """Every path's job at once, taking turns (``benchmarks/_turns.py``): per path and size,
+    the slowest rank's median of each block."""
+    outputs = take_turns({p: _job(p, sizes) for p in paths}, len(sizes) * BLOCKS)
+    got: dict[str, dict[int, list[float]]] = {}
+    for path, out in outputs.items():
+        lines = [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
+        got[path] = {r["bytes"]: r["blocks"] for r in lines}
+    return got
+
+
+def _block_ratio(torch_s: list[float], other_s: list[float]) -> float:
+    """Bandwidth torch / other over blocks timed next to each other: their median."""
+    return statistics.median(o / t for t, o in zip(torch_s, other_s, strict=True))
 
 
 def _allreduce(
     rounds: int, sizes: list[int], max_rounds: int = 12, budget_s: float = 420
 ) -> tuple[dict[str, Any], str]:
-    """At least ``rounds`` interleaved rounds of every path, more (up to ``max_rounds``, within
-    ``budget_s``) until both goals clear 0.9 with margin at every size (issue 33)."""
-    times: dict[str, list[dict[int, float]]] = {p: [] for p in PATHS}
+    """At least ``rounds`` rounds of every path side by side, more (up to ``max_rounds``,
+    within ``budget_s``) until both goals clear 0.9 with margin at every size (issue 33)."""
+    blocks: dict[str, list[dict[int, list[float]]]] = {p: [] for p in PATHS}
 
     def one_round(r: int) -> None:
-        for path in PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)]:
-            times[path].append(allreduce_seconds(path, sizes))
+        order = list(PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)])
+        for path, got in allreduce_blocks(order, sizes).items():
+            blocks[path].append(got)
+
+    def ratios(n: int, other: str) -> list[float]:  # per round
+        return [
+            _block_ratio(t[n], o[n]) for t, o in zip(blocks["torch"], blocks[other], strict=True)
+        ]
 
     def settled() -> bool:
         return all(
-            clears([o[n] / t[n] for t, o in zip(times["torch"], times[other], strict=True)],
-                   0.9, "≥")
-            for n in sizes
-            for other in ("horovod", "mpi4py")
-        )  # fmt: skip
+            clears(ratios(n, other), 0.9, "≥") for n in sizes for other in ("horovod", "mpi4py")
+        )
 
     ran = rounds_until_clear(
         one_round, rounds, settled=settled, max_rounds=max_rounds, budget_s=budget_s
     )
     rows, out = [], {}
     for n in sizes:
-        gbps = {p: [n / r[n] / 1e9 for r in times[p]] for p in PATHS}
-        vs_hvd = [t / h for t, h in zip(gbps["torch"], gbps["horovod"], strict=True)]
-        vs_mpi = [t / m for t, m in zip(gbps["torch"], gbps["mpi4py"], strict=True)]
+        gbps = {p: [n / statistics.median(r[n]) / 1e9 for r in blocks[p]] for p in PATHS}
+        vs_hvd, vs_mpi = ratios(n, "horovod"), ratios(n, "mpi4py")
         med = {p: statistics.median(v) for p, v in gbps.items()}
         out[str(n)] = {
             "algbw_gbps": gbps,
             "torch_vs_horovod": statistics.median(vs_hvd),
             "torch_vs_mpi": statistics.median(vs_mpi),
+            "ratios": {"torch_vs_horovod": vs_hvd, "torch_vs_mpi": vs_mpi},
         }
         rows.append(
             [
@@ -117,8 +137,11 @@ def _allreduce(
     ]
     text = (
         "algbw in GB/s, 2 instances, float32 sum in place, 4 KB pages (torch's allocator); "
-        f"{ran} interleaved rounds (at least {rounds}, more until both goals clear 0.9 with "
-        "margin: the median per-round ratio beyond 0.9 by half the IQR).\n\n"
+        f"{ran} rounds (at least {rounds}, more until both goals clear 0.9 with margin: the "
+        "median per-round ratio beyond 0.9 by half the IQR). In a round the four paths' jobs "
+        f"run at once and take turns, {BLOCKS} blocks of calls per size each "
+        "(`benchmarks/_turns.py`); a round's ratio is the median over the pairs of blocks timed "
+        "next to each other, a bandwidth the median of the round's blocks, then over rounds.\n\n"
     )
     return out, text + table(header, rows)
 
