@@ -16,7 +16,9 @@ Launch (one instance per host, the program starts its backend):
 
 Allreduce: ``benchmarks/allreduce_worker.py`` as two poprun instances on h1 and h2: the
 executor's gradient path (Horovod) against raw mpi4py ``MPI_Allreduce`` on the same kind of
-buffer (torch's allocator), 16 to 256 MB; ratio per round, then the median.
+buffer (torch's allocator), 16 to 256 MB. Both jobs are launched at once and take turns,
+block by block (``benchmarks/_turns.py``): a round's ratio is the median over pairs of
+blocks timed next to each other, then the median over rounds.
 
 Needs root (namespaces); elsewhere it says why and writes nothing.
 
@@ -38,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _common import ROOT, interleave, rounds_until_clear, save_results, table, write_doc
+from _turns import TurnJob, take_turns
 from goals import clears
 
 from tests.multihost.hosts import Hosts, unavailable
@@ -50,6 +53,8 @@ INIT_TORCH = (
 )
 SIZES = [16 << 20, 64 << 20, 256 << 20]
 WORKER = ROOT / "benchmarks" / "allreduce_worker.py"
+#: Blocks per size and round: the two backends' blocks alternate (issue 33).
+BLOCKS = 5
 LAUNCHERS = ("poprun", "poprun --ssh-check=no", "mpirun", "torchrun --nnodes 2")
 
 
@@ -103,19 +108,28 @@ def launch_jobs(port: int) -> dict[str, list[tuple[str, list[str]]]]:
     }
 
 
-def allreduce_once(hosts: Hosts, backend: str, env: dict[str, str]) -> dict[int, float]:
-    """One launch of the worker on h1 and h2; size -> the slowest rank's median seconds."""
-    argv = [PY, "-m", "poprun", "--num-instances", "2", "--num-replicas", "2", "-H", "h1,h2"]
-    argv += [PY, str(WORKER), "--backend", backend, "--sizes", ",".join(map(str, SIZES))]
-    done = subprocess.run(
-        hosts.on("h1", argv, cwd=str(ROOT)), env=env, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"allreduce {backend} failed: {done.stdout[-1000:]}{done.stderr[-1000:]}"
-        )
-    lines = [line[line.index("{") :] for line in done.stdout.splitlines() if "{" in line]
-    return {r["bytes"]: r["seconds"] for r in map(json.loads, lines)}
+def allreduce_side_by_side(
+    hosts: Hosts, backends: Sequence[str], env: dict[str, str]
+) -> dict[str, dict[int, list[float]]]:
+    """Each backend's worker on h1 and h2, the jobs launched at once and taking turns
+    (``benchmarks/_turns.py``); backend -> size -> the slowest rank's median of each block."""
+    jobs = {}
+    for backend in backends:
+        argv = [PY, "-m", "poprun", "--num-instances", "2", "--num-replicas", "2", "-H", "h1,h2"]
+        argv += [PY, str(WORKER), "--backend", backend, "--sizes", ",".join(map(str, SIZES))]
+        argv += ["--blocks", str(BLOCKS)]
+        jobs[backend] = TurnJob(hosts.on("h1", argv, cwd=str(ROOT)), env, ROOT, 2)
+    outputs = take_turns(jobs, len(SIZES) * BLOCKS)
+    got = {}
+    for backend, out in outputs.items():
+        lines = [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
+        got[backend] = {r["bytes"]: r["blocks"] for r in lines}
+    return got
+
+
+def _block_ratio(path_s: list[float], mpi_s: list[float]) -> float:
+    """Bandwidth path / MPI over blocks timed next to each other: their median."""
+    return statistics.median(m / p for p, m in zip(path_s, mpi_s, strict=True))
 
 
 def main() -> int:
@@ -155,18 +169,18 @@ def main() -> int:
 
         samples: dict[str, dict[int, list[float]]] = {b: {s: [] for s in SIZES} for b in
                                                        ("horovod", "mpi4py")}  # fmt: skip
+        paired: dict[int, list[float]] = {s: [] for s in SIZES}  # per round
 
         def one_round(r: int) -> None:
             order = ["horovod", "mpi4py"] if r % 2 == 0 else ["mpi4py", "horovod"]
-            for backend in order:
-                for size, secs in allreduce_once(hosts, backend, env).items():
-                    samples[backend][size].append(secs)
+            got = allreduce_side_by_side(hosts, order, env)
+            for size in SIZES:
+                for backend in order:
+                    samples[backend][size].append(statistics.median(got[backend][size]))
+                paired[size].append(_block_ratio(got["horovod"][size], got["mpi4py"][size]))
 
         def settled() -> bool:  # every size clears the 0.9 goal with margin (issue 33)
-            hv, mp = samples["horovod"], samples["mpi4py"]
-            return all(
-                clears([m / h for h, m in zip(hv[s], mp[s], strict=True)], 0.9, "≥") for s in SIZES
-            )
+            return all(clears(paired[s], 0.9, "≥") for s in SIZES)
 
         allreduce_rounds = rounds_until_clear(
             one_round, args.allreduce_rounds, settled=settled,
@@ -185,21 +199,20 @@ def main() -> int:
     allreduce: dict[str, dict[str, object]] = {}
     rows = []
     for size in SIZES:
-        hv, mp = samples["horovod"][size], samples["mpi4py"][size]
-        paired = [m / h for h, m in zip(hv, mp, strict=True)]
+        per_round = paired[size]
         bw = {b: size / statistics.median(samples[b][size]) / 1e9 for b in samples}
         allreduce[str(size)] = {
             "algbw": bw,
-            "ratio": statistics.median(paired),
-            "ratio_range": [min(paired), max(paired)],
-            "ratios": paired,  # per round: the spread the goal's margin reads
+            "ratio": statistics.median(per_round),
+            "ratio_range": [min(per_round), max(per_round)],
+            "ratios": per_round,  # per round: the spread the goal's margin reads
         }
         rows.append(
             [
                 f"{size >> 20} MB",
                 f"{bw['horovod']:.3f}",
                 f"{bw['mpi4py']:.3f}",
-                f"**{statistics.median(paired):.2f}** ({min(paired):.2f}–{max(paired):.2f})",
+                f"**{statistics.median(per_round):.2f}** ({min(per_round):.2f}–{max(per_round):.2f})",
             ]
         )
     body = "\n\n".join(
@@ -227,8 +240,10 @@ def main() -> int:
             f"### Gradient allreduce across the 2 hosts ({allreduce_rounds} rounds)",
             "The executor's gradient path (Horovod, one parameter of the size) against raw "
             "mpi4py `MPI_Allreduce` on a buffer from torch's allocator, both launched by "
-            "poprun on h1 and h2; algbw in GB/s from the median over rounds, ratio per round "
-            "then the median (range in brackets).",
+            "poprun on h1 and h2, at once, the two jobs taking turns block by block "
+            f"({BLOCKS} blocks a size, `benchmarks/_turns.py`); algbw in GB/s from the median "
+            "over rounds; a round's ratio is the median over pairs of blocks timed next to "
+            "each other, then the median over rounds (range in brackets).",
             table(["size", "gradient path", "raw MPI_Allreduce", "path / MPI"], rows),
         ]
     )
