@@ -10,7 +10,7 @@ finds instance 0's store over it), so the torch backend reduces its CPU buckets 
 the order they were launched, on a communicator of its own (``COMM_WORLD.Dup()``, so no
 message of the program's own MPI calls can match one of these). mpi4py releases the GIL for
 the call, so the reduction overlaps the rest of the backward pass, as gloo's worker threads
-do; a waiter blocks on an event, it does not poll. A waiter whose work is the newest and
+do; a waiter blocks on a lock, it does not poll. A waiter whose work is the newest and
 not yet started runs it itself (:meth:`MpiLane.run_here`).
 
 The lane calls MPI from a thread of its own while the program's thread may call MPI too,
