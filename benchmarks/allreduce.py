@@ -5,7 +5,8 @@ mpi4py ``Allreduce`` and torch.distributed gloo, each launched by poprun as 2 in
 every backend runs with the same Open MPI settings, those the product runs with). In each
 round every backend's job is launched at once and the jobs take turns, a block of calls each
 (``benchmarks/_turns.py``), so the blocks compared lie seconds apart and not a launch apart;
-numpy ``c = a + b`` on the same sizes gives this machine's memory-bandwidth reference. Reports algbw = S/t and busbw = algbw·2(n-1)/n (nccl-tests' definitions).
+numpy ``c = a + b`` on the same sizes gives this machine's memory-bandwidth reference.
+Reports algbw = S/t and busbw = algbw·2(n-1)/n (nccl-tests' definitions).
 
 The page size of the buffer matters as much as the path: numpy asks the kernel for 2 MB
 pages on large arrays (``madvise(MADV_HUGEPAGE)``), torch's allocator does not unless
