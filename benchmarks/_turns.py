@@ -15,10 +15,12 @@ a turn, writes ``d`` to ``done`` when it ends, and once when it has started up.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import shutil
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -78,6 +80,22 @@ def take_turns(
         for job in jobs.values():
             _end(job)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def block_times(outputs: Mapping[str, str]) -> dict[str, dict[int, list[float]]]:
+    """Each job's ``allreduce_worker.py`` lines read back: job -> size -> the slowest rank's
+    median of each block, in turn order."""
+    got = {}
+    for name, out in outputs.items():
+        lines = [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
+        got[name] = {r["bytes"]: r["blocks"] for r in lines}
+    return got
+
+
+def block_ratio(measured: Sequence[float], anchor: Sequence[float]) -> float:
+    """Bandwidth measured / anchor over blocks timed next to each other (times, in turn
+    order): the median of the pairs' ratios."""
+    return statistics.median(a / m for m, a in zip(measured, anchor, strict=True))
 
 
 def _start(job: TurnJob, directory: Path) -> None:

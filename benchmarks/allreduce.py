@@ -32,11 +32,10 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DOCS, ROOT, Summary, rounds_until_clear, save_results, table, write_doc
-from _turns import TurnJob, take_turns
+from _turns import TurnJob, block_ratio, block_times, take_turns
 from goals import clears
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
@@ -79,15 +78,12 @@ def _launch(
     return argv, env, cwd
 
 
-def _lines(out: str) -> list[dict[str, Any]]:
-    return [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
-
-
 def run_backend(backend: str, sizes: list[int], baseline: str | None = None) -> dict[int, float]:
     """One launch of ``backend`` alone: the slowest rank's median per size."""
     argv, env, cwd = _launch(backend, sizes, baseline)
     out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=cwd, env=env).stdout
-    return {r["bytes"]: r["seconds"] for r in _lines(out)}
+    lines = [line[line.index("{") :] for line in out.splitlines() if "{" in line]
+    return {r["bytes"]: r["seconds"] for r in map(json.loads, lines)}
 
 
 def run_side_by_side(backends: list[str], sizes: list[int]) -> dict[str, dict[int, list[float]]]:
@@ -97,17 +93,13 @@ def run_side_by_side(backends: list[str], sizes: list[int]) -> dict[str, dict[in
     for backend in backends:
         argv, env, cwd = _launch(backend, sizes, None)
         jobs[backend] = TurnJob([*argv, "--blocks", str(BLOCKS)], env, cwd, RANKS)
-    outputs = take_turns(jobs, len(sizes) * BLOCKS)
-    return {b: {r["bytes"]: r["blocks"] for r in _lines(out)} for b, out in outputs.items()}
+    return block_times(take_turns(jobs, len(sizes) * BLOCKS))
 
 
 def _paired(path_blocks: list[list[float]], mpi_blocks: list[list[float]]) -> list[float]:
     """Per-round bandwidth ratios path / MPI: in each round, the median over the pairs of
     blocks the two jobs timed next to each other (their times, in turn order)."""
-    return [
-        statistics.median(m / p for p, m in zip(path, mpi, strict=True))
-        for path, mpi in zip(path_blocks, mpi_blocks, strict=True)
-    ]
+    return [block_ratio(path, mpi) for path, mpi in zip(path_blocks, mpi_blocks, strict=True)]
 
 
 def human(n: int) -> str:

@@ -28,7 +28,6 @@ Needs root (namespaces); elsewhere it says why and writes nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -40,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _common import ROOT, interleave, rounds_until_clear, save_results, table, write_doc
-from _turns import TurnJob, take_turns
+from _turns import TurnJob, block_ratio, block_times, take_turns
 from goals import clears
 
 from tests.multihost.hosts import Hosts, unavailable
@@ -119,17 +118,7 @@ def allreduce_side_by_side(
         argv += [PY, str(WORKER), "--backend", backend, "--sizes", ",".join(map(str, SIZES))]
         argv += ["--blocks", str(BLOCKS)]
         jobs[backend] = TurnJob(hosts.on("h1", argv, cwd=str(ROOT)), env, ROOT, 2)
-    outputs = take_turns(jobs, len(SIZES) * BLOCKS)
-    got = {}
-    for backend, out in outputs.items():
-        lines = [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
-        got[backend] = {r["bytes"]: r["blocks"] for r in lines}
-    return got
-
-
-def _block_ratio(path_s: list[float], mpi_s: list[float]) -> float:
-    """Bandwidth path / MPI over blocks timed next to each other: their median."""
-    return statistics.median(m / p for p, m in zip(path_s, mpi_s, strict=True))
+    return block_times(take_turns(jobs, len(SIZES) * BLOCKS))
 
 
 def main() -> int:
@@ -177,7 +166,7 @@ def main() -> int:
             for size in SIZES:
                 for backend in order:
                     samples[backend][size].append(statistics.median(got[backend][size]))
-                paired[size].append(_block_ratio(got["horovod"][size], got["mpi4py"][size]))
+                paired[size].append(block_ratio(got["horovod"][size], got["mpi4py"][size]))
 
         def settled() -> bool:  # every size clears the 0.9 goal with margin (issue 33)
             return all(clears(paired[s], 0.9, "≥") for s in SIZES)

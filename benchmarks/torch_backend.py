@@ -26,7 +26,6 @@ torch on the same GPU) come from ``make gpu-check`` on a machine with a GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -36,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import ROOT, interleave, rounds_until_clear, save_results, table, write_doc
-from _turns import TurnJob, take_turns
+from _turns import TurnJob, block_ratio, block_times, take_turns
 from goals import clears
 
 WORKER = ROOT / "benchmarks" / "allreduce_worker.py"
@@ -69,17 +68,7 @@ def _job(path: str, sizes: list[int]) -> TurnJob:
 def allreduce_blocks(paths: list[str], sizes: list[int]) -> dict[str, dict[int, list[float]]]:
     """Every path's job at once, taking turns (``benchmarks/_turns.py``): per path and size,
     the slowest rank's median of each block."""
-    outputs = take_turns({p: _job(p, sizes) for p in paths}, len(sizes) * BLOCKS)
-    got: dict[str, dict[int, list[float]]] = {}
-    for path, out in outputs.items():
-        lines = [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
-        got[path] = {r["bytes"]: r["blocks"] for r in lines}
-    return got
-
-
-def _block_ratio(torch_s: list[float], other_s: list[float]) -> float:
-    """Bandwidth torch / other over blocks timed next to each other: their median."""
-    return statistics.median(o / t for t, o in zip(torch_s, other_s, strict=True))
+    return block_times(take_turns({p: _job(p, sizes) for p in paths}, len(sizes) * BLOCKS))
 
 
 def _allreduce(
@@ -96,7 +85,7 @@ def _allreduce(
 
     def ratios(n: int, other: str) -> list[float]:  # per round
         return [
-            _block_ratio(t[n], o[n]) for t, o in zip(blocks["torch"], blocks[other], strict=True)
+            block_ratio(t[n], o[n]) for t, o in zip(blocks["torch"], blocks[other], strict=True)
         ]
 
     def settled() -> bool:
