@@ -132,8 +132,20 @@ def worker(kind: str, args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def job_free_env(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` without the marks of a job it may run inside (``POPDIST_*``, Open MPI's and
+    PMIx's per-job variables), keeping the user's MCA settings (``OMPI_MCA_*``, ``PMIX_MCA_*``):
+    a GPU box without ssh sets ``OMPI_MCA_plm=isolated``, and mpirun needs it there."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith(("POPDIST_", "OMPI_", "PMIX_"))
+        or k.startswith(("OMPI_MCA_", "PMIX_MCA_"))
+    }
+
+
 def _launch(argv: list[str]) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("POPDIST_", "OMPI_", "PMIX_"))}
+    env = job_free_env(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     lines = [line for line in proc.stdout.splitlines() if "RESULT " in line]

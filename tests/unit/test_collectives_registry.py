@@ -300,3 +300,23 @@ def test_with_thread_multiple_the_lane_runs(monkeypatch: pytest.MonkeyPatch) -> 
         assert mpilane.threads_allowed(mpi)
         lane = mpilane.MpiLane.for_world()
     assert isinstance(lane, mpilane.MpiLane)
+
+
+def test_gpu_check_keeps_the_users_mca_settings_and_drops_job_marks() -> None:
+    """On a GPU box without ssh, ``OMPI_MCA_plm=isolated`` is what lets mpirun start: the
+    script's launches keep it (it dropped every ``OMPI_*`` once, and mpirun looked for ssh)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    environ = {
+        "OMPI_MCA_plm": "isolated", "PMIX_MCA_gds": "hash", "PATH": "/bin",
+        "OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0", "POPDIST_NUM_INSTANCES": "2",
+    }  # fmt: skip
+    assert gpu_check.job_free_env(environ) == {
+        "OMPI_MCA_plm": "isolated",
+        "PMIX_MCA_gds": "hash",
+        "PATH": "/bin",
+    }
