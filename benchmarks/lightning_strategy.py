@@ -11,7 +11,10 @@ launch; the ratio is taken per round, its median reported):
   anchor, with one intra-op thread per process, as poprun's instances get on 2 cores.
 * per-step cost, one process: a Lightning step of ``IPUStrategy`` (one executor call,
   ``device_iterations`` updates, ``self.log`` included) against the same call in a raw
-  ``popdist_torch`` loop on the same module, one intra-op thread each; the goal: ≤ 1.5×.
+  ``popdist_torch`` loop on the same module, one intra-op thread; the goal: ≤ 1.5×. Both
+  run in one launch, in alternating blocks (a ``Trainer.fit``, then a pass of the raw loop,
+  then the other way round), and a round's ratio is the median of its block pairs' ratios:
+  separate launches drifted by more than the cost being measured (issue 33).
 
 Writes docs/lightning-benchmark.md and .json.
 
@@ -37,6 +40,18 @@ sys.path.insert(0, str(ROOT))
 FEATURES, HIDDEN, CLASSES = 64, 512, 10
 MICRO = 32  # per replica (IPUStrategy) and per process (DDP)
 DEVICE_ITERATIONS = 8
+#: Lightning's progress bar, logger, summary and checkpoints off, one epoch, for every case.
+QUIET: dict[str, Any] = {
+    "logger": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "enable_checkpointing": False,
+    "max_epochs": 1,
+}
+#: Pairs of (Lightning fit, raw loop) blocks in the one-process launch of the per-step goal.
+BLOCKS = 6
+PER_CALL = MICRO * DEVICE_ITERATIONS  # samples per executor call in one process
+STEP_AB = "per-step A/B, 1 process"
 
 
 # -- worker side (runs inside one launched process) ----------------------------------------
@@ -81,7 +96,7 @@ def _module(lr: float = 0.01) -> Any:
     return MLP
 
 
-def _timer(warmup: int, out: Path, samples_per_step: int) -> Any:
+def _timer(warmup: int, out: Path | None, samples_per_step: int) -> Any:
     import lightning.pytorch as pl
 
     class Timer(pl.Callback):
@@ -95,69 +110,29 @@ def _timer(warmup: int, out: Path, samples_per_step: int) -> Any:
         def on_train_end(self, trainer: Any, module: Any) -> None:
             elapsed = time.perf_counter() - self.t0
             steps = trainer.fit_loop.epoch_loop.batch_progress.current.completed - self.first
-            if trainer.is_global_zero:
-                out.write_text(
-                    json.dumps(
-                        {
-                            "samples_per_s": steps * samples_per_step / elapsed,
-                            "s_per_step": elapsed / steps,
-                        }
-                    )
-                )
+            self.figure = {
+                "samples_per_s": steps * samples_per_step / elapsed,
+                "s_per_step": elapsed / steps,
+            }
+            if trainer.is_global_zero and out is not None:
+                out.write_text(json.dumps(self.figure))
 
     return Timer()
 
 
-def worker(kind: str, steps: int, warmup: int, out: Path) -> None:
-    """One case: ``ipu`` (under poprun), ``ddp`` (Lightning spawns), ``ipu-1`` or ``raw``."""
-    import warnings
+class RawLoop:
+    """The same module's step as a raw ``popdist_torch`` loop: one executor, made once."""
 
-    import lightning.pytorch as pl
-
-    warnings.filterwarnings("ignore")
-    quiet: dict[str, Any] = {
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "enable_checkpointing": False,
-        "max_epochs": 1,
-    }
-    mlp = _module()
-    if kind in ("ipu", "ipu-1"):
-        import popdist
-        from popdist_lightning import IPUStrategy
-
-        instances = popdist.getNumInstances()
-        per_call = MICRO * DEVICE_ITERATIONS * instances
-        model = mlp(per_call * (steps + warmup))
-        trainer = pl.Trainer(
-            accelerator="ipu",
-            devices=1,
-            strategy=IPUStrategy(device_iterations=DEVICE_ITERATIONS),
-            callbacks=[_timer(warmup, out, per_call)],
-            **quiet,
-        )
-        trainer.fit(model)
-    elif kind == "ddp":
-        per_step = MICRO * 2
-        model = mlp(per_step * (steps + warmup))
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=2,
-            strategy="ddp",
-            callbacks=[_timer(warmup, out, per_step)],
-            **quiet,
-        )
-        trainer.fit(model)
-    elif kind == "raw":
+    def __init__(self, mlp: Any, steps: int, warmup: int) -> None:
         import torch
         from torch.nn import functional as F
 
         import popdist
         import popdist_torch as poptorch
 
-        per_call = MICRO * DEVICE_ITERATIONS * popdist.getNumInstances()
-        module = mlp(per_call * (steps + warmup))
+        self.per_call = MICRO * DEVICE_ITERATIONS * popdist.getNumInstances()
+        self.steps, self.warmup = steps, warmup
+        module = mlp(self.per_call * (steps + warmup))
 
         class WithLoss(torch.nn.Module):
             def __init__(self, net: torch.nn.Module) -> None:
@@ -170,22 +145,102 @@ def worker(kind: str, steps: int, warmup: int, out: Path) -> None:
 
         opts = poptorch.Options().deviceIterations(DEVICE_ITERATIONS)
         model = WithLoss(module.net)
-        training = poptorch.trainingModel(
+        self.training = poptorch.trainingModel(
             model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.01)
         )
-        loader = poptorch.DataLoader(opts, module.data, batch_size=MICRO)
+        self.loader = poptorch.DataLoader(opts, module.data, batch_size=MICRO)
+
+    def run(self) -> dict[str, float]:
+        """One pass over the loader; samples/s and s/step after the warm-up."""
         t0, done = 0.0, 0
-        for i, (x, y) in enumerate(loader):
-            if i == warmup:
+        for i, (x, y) in enumerate(self.loader):
+            if i == self.warmup:
                 t0 = time.perf_counter()
-            training(x, y)
+            self.training(x, y)
             done = i + 1
         elapsed = time.perf_counter() - t0
-        n = done - warmup
+        n = done - self.warmup
+        return {"samples_per_s": n * self.per_call / elapsed, "s_per_step": elapsed / n}
+
+
+def _lightning_block(mlp: Any, steps: int, warmup: int) -> dict[str, float]:
+    """One ``Trainer.fit`` of ``IPUStrategy`` in this process: its steps after the warm-up."""
+    import lightning.pytorch as pl
+
+    from popdist_lightning import IPUStrategy
+
+    per_call = MICRO * DEVICE_ITERATIONS
+    timer = _timer(warmup, None, per_call)
+    trainer = pl.Trainer(
+        accelerator="ipu",
+        devices=1,
+        strategy=IPUStrategy(device_iterations=DEVICE_ITERATIONS),
+        callbacks=[timer],
+        **QUIET,
+    )
+    trainer.fit(mlp(per_call * (steps + warmup)))
+    figure: dict[str, float] = timer.figure
+    return figure
+
+
+def _step_blocks(mlp: Any, steps: int, warmup: int, blocks: int) -> dict[str, list[float]]:
+    """The per-step comparison in one process (issue 33): ``blocks`` pairs of a Lightning
+    fit and a raw loop of the same steps, next to each other, the order alternating, so a
+    pair's ratio sees one state of the machine (launch-to-launch drift was most of the
+    spread when each case was its own launch)."""
+    raw = RawLoop(mlp, steps, warmup)
+    got: dict[str, list[float]] = {"lightning": [], "raw": []}
+    for b in range(blocks):
+        for kind in ("lightning", "raw") if b % 2 == 0 else ("raw", "lightning"):
+            block = _lightning_block(mlp, steps, warmup) if kind == "lightning" else raw.run()
+            got[kind].append(block["s_per_step"])
+    return got
+
+
+def worker(kind: str, steps: int, warmup: int, out: Path) -> None:
+    """One case: ``ipu`` (under poprun), ``ddp`` (Lightning spawns), ``raw`` (under poprun)
+    or ``step-ab`` (one process: Lightning steps and raw calls in alternating blocks)."""
+    import warnings
+
+    import lightning.pytorch as pl
+
+    warnings.filterwarnings("ignore")
+    mlp = _module()
+    if kind == "ipu":
+        import popdist
+        from popdist_lightning import IPUStrategy
+
+        instances = popdist.getNumInstances()
+        per_call = MICRO * DEVICE_ITERATIONS * instances
+        model = mlp(per_call * (steps + warmup))
+        trainer = pl.Trainer(
+            accelerator="ipu",
+            devices=1,
+            strategy=IPUStrategy(device_iterations=DEVICE_ITERATIONS),
+            callbacks=[_timer(warmup, out, per_call)],
+            **QUIET,
+        )
+        trainer.fit(model)
+    elif kind == "ddp":
+        per_step = MICRO * 2
+        model = mlp(per_step * (steps + warmup))
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy="ddp",
+            callbacks=[_timer(warmup, out, per_step)],
+            **QUIET,
+        )
+        trainer.fit(model)
+    elif kind == "raw":
+        import popdist
+
+        loop = RawLoop(mlp, steps, warmup)
+        figure = loop.run()
         if popdist.getInstanceIndex() == 0:
-            out.write_text(
-                json.dumps({"samples_per_s": n * per_call / elapsed, "s_per_step": elapsed / n})
-            )
+            out.write_text(json.dumps(figure))
+    elif kind == "step-ab":
+        out.write_text(json.dumps(_step_blocks(mlp, steps, warmup, BLOCKS)))
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
 
@@ -233,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--one-process-steps",
         type=int,
-        default=150,
-        help="timed calls per run of the per-step comparison (one process)",
+        default=50,
+        help=f"timed calls per block of the per-step comparison ({BLOCKS} pairs per launch)",
     )
     parser.add_argument("--max-rounds", type=int, default=10, help="more rounds until margin")
     parser.add_argument("--budget", type=float, default=700, help="seconds for all rounds")
@@ -263,20 +318,26 @@ def main(argv: list[str] | None = None) -> int:
         "raw popdist_torch loop, poprun 2 instances": lambda: launch(
             "raw-2", args.steps, args.warmup
         ),
-        # A step lasts about 10 ms: its ratio needs more timed steps than the throughput.
-        "IPUStrategy, 1 process": lambda: launch(
-            "ipu-1", args.one_process_steps, args.warmup, threads=1
-        ),
-        "raw popdist_torch loop, 1 process": lambda: launch(
-            "raw", args.one_process_steps, args.warmup, threads=1
-        ),
+        # The per-step goal: one launch, Lightning steps and raw calls in alternating blocks.
+        STEP_AB: lambda: launch("step-ab", args.one_process_steps, args.warmup, threads=1),
     }
-    got: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
-    names = list(cases)
+    ipu_1, raw_1 = "IPUStrategy, 1 process", "raw popdist_torch loop, 1 process"
+    names = [n for n in cases if n != STEP_AB] + [ipu_1, raw_1]
+    got: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    per_step: list[float] = []  # a round's median of its block-pair ratios
 
     def one_round(r: int) -> None:
-        order = names[r % len(names) :] + names[: r % len(names)]
+        order = list(cases)[r % len(cases) :] + list(cases)[: r % len(cases)]
         for name in order:
+            if name == STEP_AB:
+                blocks = cases[name]()
+                pairs = zip(blocks["lightning"], blocks["raw"], strict=True)
+                per_step.append(statistics.median(a / b for a, b in pairs))
+                for side, key in ((ipu_1, "lightning"), (raw_1, "raw")):
+                    t = statistics.median(blocks[key])
+                    got[side].append({"s_per_step": t, "samples_per_s": PER_CALL / t})
+                print(f"round {r}: {name}: {blocks} -> {per_step[-1]:.3f}", flush=True)
+                continue
             got[name].append(cases[name]())
             print(f"round {r}: {name}: {got[name][-1]}", flush=True)
 
@@ -288,11 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         return [x / y for x, y in zip(series(a, key), series(b, key), strict=True)]
 
     ipu_2 = "IPUStrategy, poprun 2 instances"
-    ipu_1, raw_1 = "IPUStrategy, 1 process", "raw popdist_torch loop, 1 process"
 
     def settled() -> bool:  # both goals clear with margin (issue 33)
         return clears(ratios(ipu_2, "DDP (gloo), 2 processes"), 1.2, "≥") and clears(
-            ratios(ipu_1, raw_1, "s_per_step"), 1.5, "≤"
+            per_step, 1.5, "≤"
         )
 
     rounds = rounds_until_clear(
@@ -301,7 +361,6 @@ def main(argv: list[str] | None = None) -> int:
 
     vs_ddp = ratios(ipu_2, "DDP (gloo), 2 processes")
     vs_ddp1 = ratios(ipu_2, "DDP (gloo), 2 processes, 1 thread each")
-    per_step = ratios(ipu_1, raw_1, "s_per_step")
     vs_raw2 = ratios(ipu_2, "raw popdist_torch loop, poprun 2 instances")
     result = {
         "rounds": rounds,
@@ -345,10 +404,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{DEVICE_ITERATIONS} (one Lightning step = {DEVICE_ITERATIONS} weight updates); DDP "
         f"with batch {MICRO} per process (the same global batch, {2 * MICRO}, per update). "
         f"{args.steps} timed IPUStrategy steps ({args.steps * DEVICE_ITERATIONS} for DDP; "
-        f"{args.one_process_steps} in the one-process cases) after a warm-up; each case a fresh "
-        f"launch; {rounds} interleaved rounds (at least {args.rounds}, more up to "
-        f"{args.max_rounds} until both goals clear with margin). Progress bar, "
-        f"logger and checkpoints off for all; the one-process cases with one intra-op thread. "
+        f"{args.one_process_steps} per block of the one-process comparison) after a warm-up; "
+        f"each case a fresh launch, except the one-process comparison: one launch a round, "
+        f"{BLOCKS} pairs of blocks (a Lightning fit, a pass of the raw loop, the order "
+        f"alternating), the round's ratio the median of its pairs'; {rounds} interleaved rounds "
+        f"(at least {args.rounds}, more up to {args.max_rounds} until both goals clear with "
+        f"margin). Progress bar, logger and checkpoints off for all; the one-process comparison "
+        f"with one intra-op thread. "
         f"Load average before the run: {load}.\n\n"
         + table(["case", "throughput", "time per Lightning step"], rows)
         + "\n\n"
