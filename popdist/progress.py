@@ -95,6 +95,9 @@ class Tracker:
         self.recent: collections.deque[Call] = collections.deque(maxlen=RECENT)
         self.failed: Call | None = None
         self.failure = ""
+        #: Where the executor call now running was made (:func:`enter`): the site of every
+        #: collective it issues, found once per call rather than walked to per collective.
+        self.site: tuple[str, int, str] | None = None
 
 
 #: The process's tracker; ``None`` when poprun did not ask (nothing is counted).
@@ -115,14 +118,19 @@ _IN_LIBRARY_MAX = 4096  # forgotten beyond this (a program that compiles code on
 
 def _site() -> tuple[str, int, str]:
     """The innermost frame outside popdist, its executor, Lightning and torch: who called."""
-    global _skip
-    if not _skip:
-        _skip = _library_prefixes()
-    known = _in_library
     try:  # past _site, _issue and the wrapper (popdist's own: no need to look at them)
         frame: FrameType | None = sys._getframe(3)
     except ValueError:  # the wrapper called with nothing above it
         frame = sys._getframe(2)
+    return _site_from(frame)
+
+
+def _site_from(frame: FrameType | None) -> tuple[str, int, str]:
+    """The first frame from ``frame`` outwards that is not a library's (or ``frame``'s own)."""
+    global _skip
+    if not _skip:
+        _skip = _library_prefixes()
+    known = _in_library
     first: FrameType | None = frame
     for _ in range(64):
         if frame is None:
@@ -174,7 +182,7 @@ def _issue(t: Tracker, kind: str, name: str | None, tensor: Any) -> Call:
             nbytes = tensor.numel() * tensor.element_size()
     elif kind == "broadcast_tensors" and isinstance(tensor, (list, tuple)) and tensor:
         name, shape, dtype, nbytes = _members(tensor, name)
-    call = (t.seq, kind, name or "", nbytes, shape, dtype, _site(), time.monotonic())
+    call = (t.seq, kind, name or "", nbytes, shape, dtype, t.site or _site(), time.monotonic())
     t.recent.append(call)
     return call
 
@@ -320,6 +328,27 @@ def instrument(backend: Any) -> Any:
             setattr(backend, attribute, _wrap(t, method, kind, mode))
     backend._progress_traced = True
     return backend
+
+
+def enter(caller: FrameType) -> tuple[str, int, str] | None:
+    """An executor call starts, made from ``caller``: the collectives it issues (a gradient
+    hook's, deep in the backward pass, or a pipeline stage thread's) are attributed to the
+    first frame outside the libraries from there. Measured in a 2-instance run of a 1.4 ms
+    step, walking the stack from each of its four allreduces cost 30 µs a step, 2 % (issue
+    33). Returns the site it replaces, for :func:`leave`."""
+    t = tracker
+    if t is None:
+        return None
+    outer = t.site
+    t.site = _site_from(caller)
+    return outer
+
+
+def leave(outer: tuple[str, int, str] | None) -> None:
+    """The executor call :func:`enter` saw has ended (returned or raised)."""
+    t = tracker
+    if t is not None:
+        t.site = outer
 
 
 def step(samples: int, seconds: float) -> None:

@@ -14,6 +14,7 @@ model of the same module share them.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from typing import Any
@@ -294,13 +295,15 @@ class PoplarExecutor(DeviceSide, Observation):
         was_training = model.training
         if was_training != self._training:  # module.train() walks every submodule
             model.train(self._training)
+        outer = progress.enter(sys._getframe(1))  # under poprun: what its collectives report
         started = time.monotonic()
         try:
             result = self._first_call(batch) if self._watch_blocks else self._run(batch)
             result = result if self._device == CPU else to_host(result)
-            progress.step(batch.samples, time.monotonic() - started)  # under poprun: reported
+            progress.step(batch.samples, time.monotonic() - started)
             return result
         finally:
+            progress.leave(outer)
             if was_training != self._training:
                 model.train(was_training)
 

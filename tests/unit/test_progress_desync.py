@@ -120,3 +120,57 @@ def test_the_site_of_a_collective_is_its_line_each_time() -> None:
     got = user()
     assert got[0][2] == got[1][2] == "user" and got[0][1] + 1 == got[1][1]
     assert got[2] == got[3] and got[2][1] == got[1][1] + 1
+
+
+class Grads:
+    """A backend whose allreduce the executor's gradient hooks would call."""
+
+    def allreduce_async_(self, tensor: Any, *, name: str | None = None) -> int:
+        return 1
+
+    def wait(self, handle: int) -> None:
+        return None
+
+
+def test_collectives_inside_an_executor_call_carry_the_line_that_made_the_call(
+    tracker: progress.Tracker,
+) -> None:
+    """The executor finds its caller's site once per call (``enter``): every collective the
+    call issues, however deep in library frames, reports it; ``leave`` restores the outer
+    site, and outside a call each collective finds its own again."""
+    import sys
+
+    backend = progress.instrument(Grads())
+
+    def library_hook() -> None:  # as deep as a gradient hook: the site is not here
+        backend.wait(backend.allreduce_async_(Tensor(4), name="grad.w"))
+
+    def executor_call() -> None:  # what PoplarExecutor.__call__ does around its work
+        outer = progress.enter(sys._getframe(1))
+        try:
+            library_hook()
+            library_hook()
+        finally:
+            progress.leave(outer)
+
+    def training_loop() -> int:
+        executor_call()
+        return sys._getframe().f_lineno - 1  # the line above
+
+    line = training_loop()
+    sites = {call[6] for call in tracker.recent}
+    assert sites == {(__file__, line, "training_loop")}
+    assert tracker.site is None
+    backend.allreduce_async_(Tensor(4), name="grad.w")
+    _, _, _, _, _, _, site, _ = tracker.recent[-1]
+    assert site[2] == "test_collectives_inside_an_executor_call_carry_the_line_that_made_the_call"
+
+
+def test_enter_and_leave_do_nothing_when_nothing_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    monkeypatch.setattr(progress, "tracker", None)
+    assert progress.enter(sys._getframe()) is None
+    progress.leave(None)
