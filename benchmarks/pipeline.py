@@ -12,6 +12,7 @@ docs/pipeline-benchmark.md.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -114,12 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases.values():  # warm-up: traces, thread pools, allocator
         case()
 
-    def clear(samples: dict[str, list[float]]) -> bool:  # the goal with margin (issue 33)
+    def per_round(samples: dict[str, list[float]]) -> list[float]:
         each = zip(samples["pipelined (1F1B)"], samples["sharded"], strict=True)
-        return clears([p / s for p, s in each], 1.5, "≥")
+        return [p / s for p, s in each]
+
+    def clear(samples: dict[str, list[float]]) -> bool:  # the goal with margin (issue 33)
+        return clears(per_round(samples), 1.5, "≥")
 
     got = interleave(cases, args.rounds, until=clear, max_rounds=args.max_rounds, budget_s=60)
-    ratio = got["pipelined (1F1B)"].median / got["sharded"].median
+    # The median of the per-round ratios, as the goal is judged (the ratio of the two medians
+    # pairs figures from different rounds).
+    ratios = per_round({name: list(s.samples) for name, s in got.items()})
+    ratio = statistics.median(ratios)
     rows = [[name, s.fmt(unit="samples/s", digits=0)] for name, s in got.items()]
     body = (
         f"Balanced two-stage MLP: 2 × {args.depth} layers of {args.width}×{args.width}, tanh, MSE; "
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads in total, "
         "one per stage device.\n\n"
         + table(["execution", "throughput"], rows)
-        + f"\n\n**Pipelined / sharded: {ratio:.2f}×** (target ≥ 1.5× on an idle 2-core machine).\n"
+        + f"\n\n**Pipelined / sharded: {ratio:.2f}×**, the median of the per-round ratios "
+        f"({', '.join(f'{r:.2f}' for r in ratios)}; target ≥ 1.5× on an idle 2-core machine).\n"
     )
     print(body)
     if not args.no_doc:
@@ -138,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             "pipeline-benchmark",
             {
                 "ratio": ratio,
+                "ratios_per_round": ratios,
                 "samples_per_s": {name: s.samples for name, s in got.items()},
                 "median": {name: s.median for name, s in got.items()},
             },
