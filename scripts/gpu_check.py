@@ -14,6 +14,12 @@ says so and exits 2; ``--cpu`` runs the same steps on the CPU (gloo instead of N
 the plumbing can be checked anywhere.
 
     .venv/bin/python scripts/gpu_check.py [--replicas 4] [--rounds 5] [--cpu] [--quick]
+        [--sizes 2048x256,4096x1024] [--save]
+
+``--sizes`` compares several MLPs (hidden width x micro-batch): a small step shows the
+executor's fixed cost a step, a large one how close it comes when the GPU's work dominates.
+``--save`` keeps the figures as this GPU's record in docs/gpu-check.{json,md}, which
+docs/performance.md reports (``benchmarks/run_all.py --assemble-only``).
 """
 
 from __future__ import annotations
@@ -173,10 +179,23 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--cpu", action="store_true", help="run the steps on the CPU")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny timings")
+    parser.add_argument(
+        "--sizes",
+        default="",
+        help="WIDTHxMICRO,... the MLPs to compare (default: --width x --micro)",
+    )
+    parser.add_argument(
+        "--save", action="store_true", help="write docs/gpu-check.{json,md} (this GPU's record)"
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args)
         return 0
+    if args.save and (args.cpu or args.quick):
+        print(
+            "gpu-check: --save keeps a GPU's full figures: drop --cpu and --quick", file=sys.stderr
+        )
+        return 2
     import torch
 
     if not args.cpu and not torch.cuda.is_available():
@@ -186,46 +205,98 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    me = [sys.executable, str(Path(__file__).resolve())]
-    common = ["--micro", str(args.micro), "--width", str(args.width)]
-    common += ["--iters", str(args.iters), "--replicas", str(args.replicas)]
-    common += ["--cpu"] * args.cpu + ["--quick"] * args.quick
     name = "CPU (--cpu)" if args.cpu else torch.cuda.get_device_name(0)
     print(f"gpu-check on {name}, torch {torch.__version__}")
-
-    nccl = _launch(_poprun(1, *me, "--worker", "nccl", *common))
+    sizes = [_size(text) for text in args.sizes.split(",")] if args.sizes else []
+    sizes = sizes or [(args.width, args.micro)]
+    nccl = _launch(_poprun(1, *_me(args, *sizes[0]), "--worker", "nccl"))
     expect = "gloo" if args.cpu else "cpu:gloo,cuda:nccl"
     assert nccl["group"] == expect, nccl
     assert nccl["allreduce"] == [2.0] * 4, nccl
     print(f"1. {nccl['backend']} backend, process group {nccl['group']} on {nccl['device']}: ok")
-
-    rates: dict[str, list[float]] = {"executor": [], "plain": []}
-    for r in range(1 if args.quick else args.rounds):
-        for kind in ("executor", "plain") if r % 2 == 0 else ("plain", "executor"):
-            if kind == "executor":
-                got = _launch(_poprun(args.replicas, *me, "--worker", "executor", *common))
-                on = "cpu" if args.cpu else "cuda"
-                assert got["param_device"].startswith(on) and got["output_device"] == "cpu", got
-                assert got["weights_changed"] and got["replicas"] == args.replicas, got
-            else:
-                got = _launch(_poprun(1, *me, "--worker", "plain", *common))
-            rates[kind].append(got["samples_per_s"])
+    measured = {f"{w}x{m}": _replicas_vs_plain(args, w, m) for w, m in sizes}
     print(f"2. 1 instance x {args.replicas} local replicas on the device: ok")
-    ratio = statistics.median(e / p for e, p in zip(rates["executor"], rates["plain"], strict=True))
     rows = [
         ("device", name),
         (f"gradient path ({nccl['group']}), 1 rank, algbw GB/s", ", ".join(
             f"{mb} MB {v:.1f}" for mb, v in nccl["algbw_gbps"].items())),
-        (f"1 x {args.replicas} local replicas x {args.micro}, samples/s (median)",
-         f"{statistics.median(rates['executor']):.0f}"),
-        (f"plain torch, batch {args.replicas * args.micro}, samples/s (median)",
-         f"{statistics.median(rates['plain']):.0f}"),
-        ("local replicas / plain torch (goal ≥ 0.9)", f"**{ratio:.3f}**"),
     ]  # fmt: skip
-    print("3. figures:\n\n| figure | value |\n|---|---|")
-    for figure, value in rows:
-        print(f"| {figure} | {value} |")
+    for (w, m), got in zip(sizes, measured.values(), strict=True):
+        rows += [
+            (f"MLP width {w}: 1 x {args.replicas} local replicas x {m}, samples/s (median)",
+             f"{statistics.median(got['executor']):.0f}"),
+            (f"MLP width {w}: plain torch, batch {args.replicas * m}, samples/s (median)",
+             f"{statistics.median(got['plain']):.0f}"),
+            (f"MLP width {w}, micro-batch {m}: local replicas / plain torch (goal ≥ 0.9)",
+             f"**{statistics.median(got['ratios']):.3f}** (rounds: "
+             + ", ".join(f"{r:.2f}" for r in got["ratios"]) + ")"),
+        ]  # fmt: skip
+    body = "| figure | value |\n|---|---|\n" + "\n".join(f"| {f} | {v} |" for f, v in rows)
+    print(f"3. figures:\n\n{body}")
+    if args.save:
+        _save(args, name, nccl, measured, body)
     return 0
+
+
+def _size(text: str) -> tuple[int, int]:
+    """``WIDTHxMICRO`` (``--sizes``)."""
+    width, _, micro = text.strip().partition("x")
+    return int(width), int(micro)
+
+
+def _me(args: argparse.Namespace, width: int, micro: int) -> list[str]:
+    """This script as one launch's worker of the MLP of ``width`` on micro-batches of ``micro``."""
+    me = [sys.executable, str(Path(__file__).resolve())]
+    me += ["--micro", str(micro), "--width", str(width)]
+    me += ["--iters", str(args.iters), "--replicas", str(args.replicas)]
+    return me + ["--cpu"] * args.cpu + ["--quick"] * args.quick
+
+
+def _replicas_vs_plain(args: argparse.Namespace, width: int, micro: int) -> dict[str, Any]:
+    """Interleaved rounds of the executor's local replicas and plain torch on the N x batch:
+    each side's samples/s a round and the per-round ratios."""
+    rates: dict[str, Any] = {"executor": [], "plain": []}
+    me = _me(args, width, micro)
+    for r in range(1 if args.quick else args.rounds):
+        for kind in ("executor", "plain") if r % 2 == 0 else ("plain", "executor"):
+            if kind == "executor":
+                got = _launch(_poprun(args.replicas, *me, "--worker", "executor"))
+                on = "cpu" if args.cpu else "cuda"
+                assert got["param_device"].startswith(on) and got["output_device"] == "cpu", got
+                assert got["weights_changed"] and got["replicas"] == args.replicas, got
+            else:
+                got = _launch(_poprun(1, *me, "--worker", "plain"))
+            rates[kind].append(got["samples_per_s"])
+    rates["ratios"] = [e / p for e, p in zip(rates["executor"], rates["plain"], strict=True)]
+    return rates
+
+
+def _save(
+    args: argparse.Namespace,
+    device: str,
+    nccl: dict[str, Any],
+    measured: dict[str, dict[str, Any]],
+    body: str,
+) -> None:
+    """docs/gpu-check.{json,md}: the record of this GPU (the goal reads the first size's
+    per-round ratios), kept beside other GPUs' and CPUs' records (``benchmarks/_common``)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks._common import cpu_model, save_results, write_doc
+
+    first = next(iter(measured.values()))
+    record = {
+        "device": device,
+        "torch": torch.__version__,
+        "replicas": args.replicas,
+        "ratio": statistics.median(first["ratios"]),
+        "ratios_per_round": first["ratios"],
+        "sizes": measured,
+        "algbw_gbps": nccl["algbw_gbps"],
+    }
+    save_results("gpu-check", record, cpu=f"{device} (host: {cpu_model()})")
+    write_doc("gpu-check.md", "The GPU path (make gpu-check)", f"On {device}.\n\n{body}")
 
 
 if __name__ == "__main__":

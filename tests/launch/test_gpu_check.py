@@ -20,7 +20,7 @@ def test_the_gpu_path_steps_run_on_the_cpu() -> None:
     assert done.returncode == 0, done.stdout
     assert "1. torch backend, process group gloo on cpu: ok" in done.stdout
     assert "2. 1 instance x 2 local replicas on the device: ok" in done.stdout
-    assert "| local replicas / plain torch (goal ≥ 0.9) | **" in done.stdout
+    assert "micro-batch 8: local replicas / plain torch (goal ≥ 0.9) | **" in done.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

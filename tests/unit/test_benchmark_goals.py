@@ -166,3 +166,19 @@ def test_results_are_kept_per_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_a_failed_further_condition_is_no_not_no_margin() -> None:
     verdict = evaluate(_goal(1.0, "≥", also=lambda data: False), RESULTS)
     assert verdict is not None and verdict.row()[5] == "**no**"
+
+
+def test_the_gpu_goal_is_judged_but_counted_apart_from_make_bench() -> None:
+    """``make gpu-check`` runs on another machine: its goal has a row and is judged, but the
+    count of ``make bench``'s goals leaves it out and names it in a sentence of its own."""
+    found = run_all.results()
+    met, judged, apart = run_all.tally(found)
+    verdicts = [v for g in goals.GOALS if (v := goals.evaluate(g, found)) is not None]
+    in_bench = [v for v in verdicts if v.goal.source != "gpu-check" and v.met is not None]
+    assert (met, judged) == (sum(bool(v.met) for v in in_bench), len(in_bench))
+    gpu = [v for v in verdicts if v.goal.source == "gpu-check"]
+    assert len(gpu) == 1
+    if gpu[0].met is None:
+        assert apart == ""
+    else:
+        assert "make gpu-check" in apart and "issue 19: GPU" in apart
