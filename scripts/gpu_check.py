@@ -191,6 +191,12 @@ def main() -> int:
     if args.worker:
         worker(args.worker, args)
         return 0
+    sizes = [(args.width, args.micro)]
+    if args.sizes:
+        try:
+            sizes = [_size(text) for text in args.sizes.split(",")]
+        except ValueError:
+            parser.error(f"--sizes {args.sizes!r}: give WIDTHxMICRO,... such as 2048x256,4096x1024")
     if args.save and (args.cpu or args.quick):
         print(
             "gpu-check: --save keeps a GPU's full figures: drop --cpu and --quick", file=sys.stderr
@@ -207,8 +213,6 @@ def main() -> int:
         return 2
     name = "CPU (--cpu)" if args.cpu else torch.cuda.get_device_name(0)
     print(f"gpu-check on {name}, torch {torch.__version__}")
-    sizes = [_size(text) for text in args.sizes.split(",")] if args.sizes else []
-    sizes = sizes or [(args.width, args.micro)]
     nccl = _launch(_poprun(1, *_me(args, *sizes[0]), "--worker", "nccl"))
     expect = "gloo" if args.cpu else "cpu:gloo,cuda:nccl"
     assert nccl["group"] == expect, nccl
@@ -216,6 +220,21 @@ def main() -> int:
     print(f"1. {nccl['backend']} backend, process group {nccl['group']} on {nccl['device']}: ok")
     measured = {f"{w}x{m}": _replicas_vs_plain(args, w, m) for w, m in sizes}
     print(f"2. 1 instance x {args.replicas} local replicas on the device: ok")
+    body = _table(name, nccl, sizes, measured, args.replicas)
+    print(f"3. figures:\n\n{body}")
+    if args.save:
+        _save(args, name, nccl, measured, body)
+    return 0
+
+
+def _table(
+    name: str,
+    nccl: dict[str, Any],
+    sizes: list[tuple[int, int]],
+    measured: dict[str, dict[str, Any]],
+    replicas: int,
+) -> str:
+    """The figures as a Markdown table (for docs/gpu-check.md and docs/performance.md)."""
     rows = [
         ("device", name),
         (f"gradient path ({nccl['group']}), 1 rank, algbw GB/s", ", ".join(
@@ -223,25 +242,24 @@ def main() -> int:
     ]  # fmt: skip
     for (w, m), got in zip(sizes, measured.values(), strict=True):
         rows += [
-            (f"MLP width {w}: 1 x {args.replicas} local replicas x {m}, samples/s (median)",
+            (f"MLP width {w}: 1 x {replicas} local replicas x {m}, samples/s (median)",
              f"{statistics.median(got['executor']):.0f}"),
-            (f"MLP width {w}: plain torch, batch {args.replicas * m}, samples/s (median)",
+            (f"MLP width {w}: plain torch, batch {replicas * m}, samples/s (median)",
              f"{statistics.median(got['plain']):.0f}"),
             (f"MLP width {w}, micro-batch {m}: local replicas / plain torch (goal ≥ 0.9)",
              f"**{statistics.median(got['ratios']):.3f}** (rounds: "
              + ", ".join(f"{r:.2f}" for r in got["ratios"]) + ")"),
         ]  # fmt: skip
-    body = "| figure | value |\n|---|---|\n" + "\n".join(f"| {f} | {v} |" for f, v in rows)
-    print(f"3. figures:\n\n{body}")
-    if args.save:
-        _save(args, name, nccl, measured, body)
-    return 0
+    return "| figure | value |\n|---|---|\n" + "\n".join(f"| {f} | {v} |" for f, v in rows)
 
 
 def _size(text: str) -> tuple[int, int]:
-    """``WIDTHxMICRO`` (``--sizes``)."""
+    """``WIDTHxMICRO`` (``--sizes``); ``ValueError`` for anything else."""
     width, _, micro = text.strip().partition("x")
-    return int(width), int(micro)
+    size = int(width), int(micro)
+    if min(size) < 1:
+        raise ValueError(text)
+    return size
 
 
 def _me(args: argparse.Namespace, width: int, micro: int) -> list[str]:
