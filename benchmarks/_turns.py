@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 @dataclass
@@ -82,14 +82,17 @@ def take_turns(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def worker_lines(out: str) -> list[dict[str, Any]]:
+    """The JSON lines ``allreduce_worker.py`` printed (one a size), from a job's output."""
+    return [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
+
+
 def block_times(outputs: Mapping[str, str]) -> dict[str, dict[int, list[float]]]:
     """Each job's ``allreduce_worker.py`` lines read back: job -> size -> the slowest rank's
     median of each block, in turn order."""
-    got = {}
-    for name, out in outputs.items():
-        lines = [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
-        got[name] = {r["bytes"]: r["blocks"] for r in lines}
-    return got
+    return {
+        name: {r["bytes"]: r["blocks"] for r in worker_lines(out)} for name, out in outputs.items()
+    }
 
 
 def block_ratio(measured: Sequence[float], anchor: Sequence[float]) -> float:

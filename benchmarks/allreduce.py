@@ -25,7 +25,6 @@ turns).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DOCS, ROOT, Summary, rounds_until_clear, save_results, table, write_doc
-from _turns import TurnJob, block_ratio, block_times, take_turns
+from _turns import TurnJob, block_ratio, block_times, take_turns, worker_lines
 from goals import clears
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
@@ -82,8 +81,7 @@ def run_backend(backend: str, sizes: list[int], baseline: str | None = None) -> 
     """One launch of ``backend`` alone: the slowest rank's median per size."""
     argv, env, cwd = _launch(backend, sizes, baseline)
     out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=cwd, env=env).stdout
-    lines = [line[line.index("{") :] for line in out.splitlines() if "{" in line]
-    return {r["bytes"]: r["seconds"] for r in map(json.loads, lines)}
+    return {r["bytes"]: r["seconds"] for r in worker_lines(out)}
 
 
 def run_side_by_side(backends: list[str], sizes: list[int]) -> dict[str, dict[int, list[float]]]:

@@ -131,7 +131,7 @@ class RawLoop:
         import popdist_torch as poptorch
 
         self.per_call = MICRO * DEVICE_ITERATIONS * popdist.getNumInstances()
-        self.steps, self.warmup = steps, warmup
+        self.warmup = warmup
         module = mlp(self.per_call * (steps + warmup))
 
         class WithLoss(torch.nn.Module):
@@ -169,8 +169,7 @@ def _lightning_block(mlp: Any, steps: int, warmup: int) -> dict[str, float]:
 
     from popdist_lightning import IPUStrategy
 
-    per_call = MICRO * DEVICE_ITERATIONS
-    timer = _timer(warmup, None, per_call)
+    timer = _timer(warmup, None, PER_CALL)
     trainer = pl.Trainer(
         accelerator="ipu",
         devices=1,
@@ -178,7 +177,7 @@ def _lightning_block(mlp: Any, steps: int, warmup: int) -> dict[str, float]:
         callbacks=[timer],
         **QUIET,
     )
-    trainer.fit(mlp(per_call * (steps + warmup)))
+    trainer.fit(mlp(PER_CALL * (steps + warmup)))
     figure: dict[str, float] = timer.figure
     return figure
 

@@ -9,7 +9,8 @@ BERT defeats torch.fx, so this is a BERT-shaped model torch.fx can trace (the sa
 embedding and tied LM head on device 0, the layers on device 1), run by ``StageRunner``
 with ``staging="eager"`` and with the traced path, over the same micro-batches.
 
-Medians of the per-round ratios of interleaved rounds; writes docs/real-models.json and docs/real-models.md.
+Medians of the per-round ratios of interleaved rounds; writes docs/real-models.json and
+docs/real-models.md.
 
     .venv/bin/python benchmarks/real_models.py [--rounds 7] [--steps 5]
 """
@@ -111,8 +112,7 @@ class ExecutorPairs:
     def __init__(self, samples: int, steps: int, blocks: int) -> None:
         plain_model, wrapped = tiny_bert(), tiny_bert()
         plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.01)
-        opts = Options()
-        training = trainingModel(wrapped, opts, torch.optim.SGD(wrapped.parameters(), lr=0.01))
+        training = trainingModel(wrapped, Options(), torch.optim.SGD(wrapped.parameters(), lr=0.01))
         data = batch(samples, seed=0)
 
         def plain() -> None:
@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         f"interleaved rounds; torch "
         f"{torch.__version__}, {torch.get_num_threads()} intra-op threads.\n\n"
         + table(["case", "throughput"], rows)
-        + f"\n\nMedians of the per-round ratios: **executor / plain torch {ratios['executor']:.2f}×** (goal ≥ 0.9×), "
+        + "\n\nMedians of the per-round ratios: "
+        f"**executor / plain torch {ratios['executor']:.2f}×** (goal ≥ 0.9×), "
         f"**eager / fx staging {ratios['eager']:.2f}×** (goal ≥ 0.9×).\n"
     )
     print(body)
