@@ -52,7 +52,9 @@ def worker(mode: str, steps: int) -> None:
     from popdist import progress
 
     class Null:
-        def allreduce_async_(self, tensor: object, name: str | None = None) -> object:
+        def allreduce_async_(
+            self, tensor: object, *, average: bool = False, name: str | None = None
+        ) -> object:
             return object()
 
         def wait(self, handle: object) -> None:

@@ -143,7 +143,9 @@ def hot_path(model: str, rounds: int, steps: int) -> dict[str, float]:
     from popdist import progress
 
     class Null:
-        def allreduce_async_(self, tensor: Any, name: str | None = None) -> object:
+        def allreduce_async_(
+            self, tensor: Any, *, average: bool = False, name: str | None = None
+        ) -> object:
             return object()
 
         def wait(self, handle: object) -> None:

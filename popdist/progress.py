@@ -169,22 +169,25 @@ def _library_prefixes() -> tuple[str, ...]:
 
 
 def _issue(t: Tracker, kind: str, name: str | None, tensor: Any) -> Call:
-    t.seq += 1
-    shape: tuple[int, ...] = ()
-    dtype: Any = ""
-    nbytes = 0
-    if tensor is not None and hasattr(tensor, "element_size"):
-        shape = tensor.shape  # torch.Size: already an immutable tuple
-        dtype = tensor.dtype
-        try:
-            nbytes = tensor.nbytes  # one call (torch, numpy) instead of two
-        except AttributeError:
-            nbytes = tensor.numel() * tensor.element_size()
-    elif kind == "broadcast_tensors" and isinstance(tensor, (list, tuple)) and tensor:
-        name, shape, dtype, nbytes = _members(tensor, name)
-    call = (t.seq, kind, name or "", nbytes, shape, dtype, t.site or _site(), time.monotonic())
+    t.seq = seq = t.seq + 1
+    try:  # a tensor (torch or numpy): three attribute reads, no test first
+        shape, dtype, nbytes = tensor.shape, tensor.dtype, tensor.nbytes
+    except AttributeError:
+        name, shape, dtype, nbytes = _described(kind, name, tensor)
+    call = (seq, kind, name or "", nbytes, shape, dtype, t.site or _site(), time.monotonic())
     t.recent.append(call)
     return call
+
+
+def _described(kind: str, name: str | None, tensor: Any) -> tuple[Any, ...]:
+    """What :func:`_issue` records of an argument that is not one tensor: its elements and
+    bytes through ``numel``/``element_size`` where it has them, ``broadcast_tensors``' list
+    as one call, anything else as nothing."""
+    if tensor is not None and hasattr(tensor, "element_size"):
+        return name, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size()
+    if kind == "broadcast_tensors" and isinstance(tensor, (list, tuple)) and tensor:
+        return _members(tensor, name)
+    return name, (), "", 0
 
 
 def _members(tensors: list[Any] | tuple[Any, ...], name: str | None) -> tuple[Any, ...]:
@@ -239,22 +242,41 @@ def _wrap(t: Tracker, method: Callable[..., Any], kind: str, mode: str) -> Calla
 
 
 def _wrap_async(t: Tracker, method: Callable[..., Any], kind: str) -> Callable[..., Any]:
-    """An asynchronous allreduce: issued now, done when its handle is waited for."""
+    """An asynchronous allreduce: issued now, done when its handle is waited for.
 
-    def issue(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    The gradient hooks call it for every gradient of every step, so it takes the
+    interface's own keywords (:meth:`~popdist.collectives.base.Collectives.allreduce_async_`)
+    rather than ``**kwargs`` (a dictionary built and unpacked again a call), and it records
+    the call itself, as :func:`_issue` does for the other collectives (issue 33).
+    """
+    inflight, recent, monotonic = t.inflight, t.recent, time.monotonic
+
+    def issue(tensor: Any, *, average: bool = False, name: str | None = None) -> Any:
         if t.depth:
-            return method(tensor, *args, **kwargs)
-        call = _issue(t, kind, kwargs.get("name"), tensor)
-        t.bytes_reduced += call[3]
+            return method(tensor, average=average, name=name)
+        t.seq = seq = t.seq + 1
         try:
-            handle = method(tensor, *args, **kwargs)
+            shape, dtype, nbytes = tensor.shape, tensor.dtype, tensor.nbytes
+        except AttributeError:
+            name, shape, dtype, nbytes = _described(kind, name, tensor)
+        site = t.site or _site_from(sys._getframe(1))
+        call = (seq, kind, name or "", nbytes, shape, dtype, site, monotonic())
+        recent.append(call)
+        t.bytes_reduced += nbytes
+        try:
+            handle = method(tensor, average=average, name=name)
         except BaseException as error:
             _fail(t, call, error)
             raise
         try:
-            t.inflight.setdefault(handle, []).append(call)
+            calls = inflight.get(handle)
         except TypeError:  # an unhashable handle: counted as done at once
             t.done += 1
+            return handle
+        if calls is None:
+            inflight[handle] = [call]
+        else:  # a handle that stands for several (the torch backend's bucket)
+            calls.append(call)
         return handle
 
     return issue
@@ -262,17 +284,18 @@ def _wrap_async(t: Tracker, method: Callable[..., Any], kind: str) -> Callable[.
 
 def _wrap_wait(t: Tracker, method: Callable[..., Any]) -> Callable[..., Any]:
     """Waiting for a handle: the program blocks in the allreduces it stands for."""
+    inflight, monotonic = t.inflight, time.monotonic
 
     def wait(handle: Any) -> Any:
         if t.depth:
             return method(handle)
         try:
-            calls = t.inflight.pop(handle, None)
+            calls = inflight.pop(handle, None)
         except TypeError:
             calls = None
-        t.depth += 1
+        t.depth = 1
         t.blocked = calls[0] if calls else None
-        start = t.blocked_since = time.monotonic()
+        start = t.blocked_since = monotonic()
         try:
             return method(handle)
         except BaseException as error:
@@ -280,10 +303,11 @@ def _wrap_wait(t: Tracker, method: Callable[..., Any]) -> Callable[..., Any]:
                 _fail(t, t.blocked, error)
             raise
         finally:
-            t.depth -= 1
+            t.depth = 0
             t.blocked = None
-            t.wait_s += time.monotonic() - start
-            t.done += len(calls) if calls else 0
+            t.wait_s += monotonic() - start
+            if calls:
+                t.done += len(calls)
 
     return wait
 

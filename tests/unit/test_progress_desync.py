@@ -125,7 +125,9 @@ def test_the_site_of_a_collective_is_its_line_each_time() -> None:
 class Grads:
     """A backend whose allreduce the executor's gradient hooks would call."""
 
-    def allreduce_async_(self, tensor: Any, *, name: str | None = None) -> int:
+    def allreduce_async_(
+        self, tensor: Any, *, average: bool = False, name: str | None = None
+    ) -> int:
         return 1
 
     def wait(self, handle: int) -> None:
