@@ -6,17 +6,18 @@ One poprun launch with ``--status-port 0``: the training benchmark's MLP (popdis
 instances x 1 replica x 64, SGD, one fixed synthetic batch, one compute thread per process)
 runs until told to stop. Within that launch, as ``benchmarks/progress_overhead.py`` does for
 the progress records, the page is switched on and off in alternating windows (on, off, off,
-on, ...): *on* is headless Chromium showing the page, which fetches ``/status`` and redraws
-its table and chart once a second, the way a person watching the job would; *off* is the
-same browser on ``about:blank``. Instance 0 logs its step count with a timestamp every 20
-steps; each window's rate is read from that log between the window's ends. The job's own
-rate drifts by 10-30 % over tens of seconds on 2 shared cores, so the windows are short and
-come in on-off-off-on order, which cancels a drift that is slow against them. A round is 4
-consecutive pairs; its ratio is its on windows' mean rate over its off windows'; the figure
-is the median over rounds, and pairs go on (``--max-pairs``, ``--budget``) until it clears the
-goal by half the rounds' spread (issue 33). The CPU a refresh costs is read from ``/proc``: poprun's own (it answers
-``/status``) and the browser's (it fetches, parses and redraws), the on windows' less the off
-windows', per refresh. Writes docs/status-page.{md,json}.
+on, ...): *on* is headless Chromium showing the page, which receives the figures from
+``/events`` and redraws its table and chart once a second, the way a person watching the job
+would; *off* is the same browser on ``about:blank``. Instance 0 logs its step count with a
+timestamp every 20 steps; each window's rate is read from that log between the window's
+ends. The job's own rate drifts by 10-30 % over tens of seconds on 2 shared cores, so the
+windows are short and come in on-off-off-on order, which cancels a drift that is slow
+against them. A round is 4 consecutive pairs; its ratio is its on windows' mean rate over
+its off windows'; the figure is the median over rounds, and pairs go on (``--max-pairs``,
+``--budget``) until it clears the goal by half the rounds' spread (issue 33). The CPU a
+refresh costs is read from ``/proc``: poprun's own (it answers ``/events``) and the
+browser's (it receives, parses and redraws), the on windows' less the off windows', per
+refresh. Writes docs/status-page.{md,json}.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from made-up figures."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, replace
 
 import pytest
@@ -379,6 +380,41 @@ def test_the_page_s_refreshes_reuse_one_connection() -> None:
         server.close()
 
 
+def test_events_stream_the_status_once_a_second_until_the_server_closes() -> None:
+    """``/events``: server-sent events on one connection, each ``/status``'s JSON; closing the
+    server ends the stream (the browser's EventSource then reports poprun gone)."""
+    import http.client
+
+    from poprun.run.status.server import StatusServer
+
+    server = StatusServer("127.0.0.1", 0).start()
+    closed = False
+    try:
+        server.live.job = {"command": "python train.py"}
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        connection.request("GET", "/events")
+        answer = connection.getresponse()
+        assert answer.status == 200
+        assert answer.headers["Content-Type"] == "text/event-stream"
+        assert answer.readline() == b"retry: 1000\n" and answer.readline() == b"\n"
+        started = time.monotonic()
+        events = []
+        for _ in range(2):
+            line = answer.readline()
+            assert line.startswith(b"data: ") and answer.readline() == b"\n"
+            events.append(json.loads(line.removeprefix(b"data: ")))
+        assert time.monotonic() - started >= 0.9  # one a second, not as fast as it can
+        assert all(e["job"] == {"command": "python train.py"} and "progress" in e for e in events)
+        server.close()
+        closed = True
+        while line := answer.readline():  # the stream ends: no event is left hanging
+            assert line.startswith(b"data: ") or line == b"\n"
+        connection.close()
+    finally:
+        if not closed:
+            server.close()
+
+
 def test_the_page_is_one_self_contained_file_served_with_a_strict_policy() -> None:
     import urllib.request
 
@@ -387,7 +423,8 @@ def test_the_page_is_one_self_contained_file_served_with_a_strict_policy() -> No
     html = page().decode()
     assert len(page()) < 16_000  # small: it is sent once per browser
     assert "src=" not in html and "href=" not in html and "@import" not in html  # nothing fetched
-    assert 'fetch("status"' in html  # only this server's /status, relative to the page
+    assert 'new EventSource("events")' in html  # only this server's /events, relative to the page
+    assert "fetch(" not in html
     assert "innerHTML" not in html and "textContent = n.text" in html  # text set as text
     server = StatusServer("127.0.0.1", 0).start()
     try:
