@@ -17,6 +17,19 @@ import pytest
 MOVE = "a unit test starts no process: move it to tests/launch or tests/parallel"
 
 
+def _font_cache() -> None:
+    """matplotlib (Lightning imports it) lists the system fonts with ``fc-list`` the first
+    time it is imported on a machine and caches the list; on a fresh machine whose first
+    import comes from a unit test that would be refused. Built once here, before any test."""
+    try:
+        import matplotlib.font_manager  # noqa: F401
+    except ImportError:  # not installed: nothing imports it
+        return
+
+
+_font_cache()
+
+
 def _refuse(what: str) -> Any:
     def refuse(*args: Any, **kwargs: Any) -> NoReturn:
         raise AssertionError(f"{what}: {MOVE}")
