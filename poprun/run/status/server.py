@@ -8,11 +8,12 @@ server-sent events; ``GET /`` a page that shows them, following ``/events`` (``p
 one self-contained file, no network, a Content-Security-Policy that lets it reach this
 server only; it shows no program output). A stream, not a fetch a second: the browser of a
 person watching the job then spends no request, response and promise chain on each refresh,
-only one message on a connection it keeps (headless Chromium beside a training job: 4 ms of
-CPU a second against 7.5 for a fetch a second, drawing nothing; issue 33). The socket is bound before
-anything is launched, so a port in use is a usage error (one line, exit 2, nothing
-launched); it listens on 127.0.0.1 unless ``--status-address`` says otherwise (the figures
-name hosts and paths of the job: not for the network by default).
+only one message on a connection it keeps (headless Chromium: 4 ms of CPU a second against
+7.5 for a fetch a second, drawing nothing; the page in all, 7.7 ms against 14; issue 33).
+
+The socket is bound before anything is launched, so a port in use is a usage error (one
+line, exit 2, nothing launched); it listens on 127.0.0.1 unless ``--status-address`` says
+otherwise (the figures name hosts and paths of the job: not for the network by default).
 
 The server only reads: each request takes a snapshot of the progress board through the
 :class:`Live` view the supervisor keeps up to date (a relaunch points it at the new
