@@ -72,11 +72,13 @@ def interleave(
     until: Callable[[dict[str, list[float]]], bool] | None = None,
     max_rounds: int = 0,
     budget_s: float = 0.0,
+    at_least: int | None = None,
 ) -> dict[str, Summary]:
     """Run every case once per round, in a rotating order, so drift hits all cases alike.
 
     With ``until`` (the samples so far → whether the goals clear with margin), more rounds
-    follow the ``rounds`` asked for, up to ``max_rounds`` within ``budget_s``
+    follow the ``rounds`` asked for, up to ``max_rounds`` within ``budget_s``; with
+    ``at_least``, rounds past that many run only within ``budget_s``
     (:func:`rounds_until_clear`)."""
     names = list(cases)
     got: dict[str, list[float]] = {name: [] for name in names}
@@ -86,7 +88,10 @@ def interleave(
             got[name].append(cases[name]())
 
     settled = (lambda: until(got)) if until is not None else (lambda: True)
-    rounds_until_clear(one_round, rounds, settled=settled, max_rounds=max_rounds, budget_s=budget_s)
+    rounds_until_clear(
+        one_round, rounds, settled=settled, max_rounds=max_rounds, budget_s=budget_s,
+        at_least=at_least,
+    )  # fmt: skip
     return {name: Summary(tuple(v)) for name, v in got.items()}
 
 
@@ -232,17 +237,21 @@ def rounds_until_clear(
     settled: Callable[[], bool],
     max_rounds: int,
     budget_s: float,
+    at_least: int | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run ``one_round(r)`` for r = 0, 1, ...: ``rounds`` of them, then more while
     ``settled()`` is false (the goals do not yet clear with margin: issue 33), as long as
     another round fits in ``budget_s`` (judged by the slowest round so far) and ``max_rounds``
-    is not reached. Returns the number of rounds run."""
+    is not reached. With ``at_least``, only that many rounds run whatever the budget, and the
+    rest of the ``rounds`` asked for run only while they fit in it too: on a slower machine a
+    benchmark then takes fewer rounds, not longer than its limit. Returns the rounds run."""
     start = clock()
     slowest = 0.0
     done = 0
+    floor = rounds if at_least is None else min(at_least, rounds)
     while done < rounds or (done < max_rounds and not settled()):
-        if done >= rounds and clock() - start + slowest > budget_s:
+        if done >= floor and clock() - start + slowest > budget_s:
             break
         t0 = clock()
         one_round(done)

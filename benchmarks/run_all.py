@@ -66,7 +66,10 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         ),
         "allreduce": ([PY, str(here / "allreduce.py"), "--rounds", "5", *b], 420, "allreduce"),
         "training_throughput": (
-            [PY, str(here / "training_throughput.py"), "--rounds", "5", *timing, *b],
+            # 5 rounds where they fit (about 640 s on the EPYC that tuned them); a machine of
+            # this kind 1.7 times slower (seen: issue 33) takes 3 or 4, within the limit.
+            [PY, str(here / "training_throughput.py"), "--rounds", "5", "--at-least", "3",
+             "--budget", "840", *timing, *b],
             960,
             "training-throughput",
         ),

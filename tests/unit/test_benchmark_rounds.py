@@ -26,7 +26,12 @@ class Clock:
 
 
 def _run(
-    rounds: int, settle_after: int, max_rounds: int, budget: float, step: float = 10.0
+    rounds: int,
+    settle_after: int,
+    max_rounds: int,
+    budget: float,
+    step: float = 10.0,
+    at_least: int | None = None,
 ) -> list[int]:
     clock, ran = Clock(step), []
 
@@ -36,7 +41,7 @@ def _run(
 
     got = rounds_until_clear(
         one_round, rounds, settled=lambda: len(ran) >= settle_after, max_rounds=max_rounds,
-        budget_s=budget, clock=clock,
+        budget_s=budget, at_least=at_least, clock=clock,
     )  # fmt: skip
     assert got == len(ran)
     return ran
@@ -59,6 +64,15 @@ def test_no_round_that_would_overrun_the_budget() -> None:
     assert len(_run(rounds=3, settle_after=99, max_rounds=20, budget=45)) == 4
     # the asked rounds run whatever the budget
     assert len(_run(rounds=3, settle_after=99, max_rounds=20, budget=5)) == 3
+
+
+def test_at_least_bounds_the_asked_rounds_by_the_budget_too() -> None:
+    # a slower machine: 5 rounds asked, 10 s each, 35 s of budget: 3 (at least), no more
+    assert len(_run(rounds=5, settle_after=0, max_rounds=5, budget=35, at_least=3)) == 3
+    # where they fit, all 5 run
+    assert len(_run(rounds=5, settle_after=0, max_rounds=5, budget=1000, at_least=3)) == 5
+    # at least 3 even with no budget at all
+    assert len(_run(rounds=5, settle_after=0, max_rounds=5, budget=0, at_least=3)) == 3
 
 
 def test_interleave_goes_on_until_the_samples_clear() -> None:
