@@ -119,14 +119,19 @@ ensure_venv() {
         log "installing torch==$TORCH_VERSION (CPU build)"
         vpip install "torch==$TORCH_VERSION"
     fi
-    # The editable install is re-done only when pyproject.toml changed since the last one.
+    # The editable install is re-done only when pyproject.toml (or the mode below) changed
+    # since the last one. Compat mode puts the checkout on sys.path with a plain .pth line.
+    # setuptools' default for this flat layout installs an import hook instead, which every
+    # Python start in the venv imports (pathlib, importlib.util, urllib.parse, ...): 15-25 ms
+    # a start on 2 cores, paid by poprun and by every instance, where a user's pip install
+    # of the wheel pays nothing (issue 33).
     local stamp="$VENV/.popdist-pyproject.sha"
     local want
-    want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+    want="$(sha256sum pyproject.toml | cut -d' ' -f1) compat"
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         log "installing the project (editable) with extras [examples,dev,lightning]"
         vpip install setuptools wheel
-        vpip install -e ".[examples,dev,lightning]"
+        vpip install --config-settings editable_mode=compat -e ".[examples,dev,lightning]"
         echo "$want" > "$stamp"
     fi
     # The project's bytecode, as a non-editable pip install writes it: where
