@@ -77,11 +77,20 @@ def _eager_closure(module: str) -> set[str]:
 
 
 def test_import_popdist_imports_no_backend_module_nor_heavy_library() -> None:
-    reached = _eager_closure("popdist")
+    # ``popdist.init`` (first use) imports popdist.collectives: its closure counts too
+    reached = _eager_closure("popdist") | _eager_closure("popdist.collectives")
     assert "popdist.collectives.registry" in reached and "popdist.collectives.lifecycle" in reached
     assert {m for m in reached if m.split(".")[0] in HEAVY} == set()
     backends = {"base", "horovod", "torchdist", "mpilane", "local"}
     assert {m for m in reached if m.rpartition(".")[2] in backends} == set()
+
+
+def test_import_popdist_alone_imports_no_thread_signal_or_functools() -> None:
+    """Outside poprun ``import popdist`` stays a few modules: the collectives, the notice,
+    progress and the lease come on first use or when poprun's variables ask for them."""
+    reached = _eager_closure("popdist")
+    assert {"popdist.env", "popdist.context", "popdist.instances"} <= reached
+    assert {"threading", "signal", "functools", "popdist.collectives"} & reached == set()
 
 
 def test_reading_capabilities_imports_no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
