@@ -129,16 +129,15 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        from poprun.run.status import metrics
-
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         if path == "/events":
             self._stream()
-            return
-        figures, now, instances, started = self.server.live.read()
-        if path == "/metrics":
+        elif path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST
 
+            from poprun.run.status import metrics
+
+            figures, now, instances, started = self.server.live.read()
             body = metrics.text(figures, now, instances=instances, started=started)
             self._send(200, CONTENT_TYPE_LATEST, body)
         elif path in ("/status", "/status.json"):
