@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 POPRUN = str(Path(PY).parent / "poprun")
 sys.path.insert(0, str(ROOT))
-from poprun.plan.mpirun import SINGLE_HOST_MCA  # noqa: E402
+from poprun.plan.mpirun import ALLREDUCE_MCA, SINGLE_HOST_MCA  # noqa: E402
 
 sys.path.insert(1, str(ROOT / "benchmarks"))
 from _common import rounds_until_clear  # noqa: E402
@@ -35,7 +35,7 @@ MPIRUN_FLAGS = (
     ["--tag-output", "--bind-to", "none", "--allow-run-as-root"]
     if os.geteuid() == 0
     else ["--tag-output", "--bind-to", "none"]
-) + [arg for name, value in SINGLE_HOST_MCA for arg in ("--mca", name, value)]
+) + [arg for name, value in (*SINGLE_HOST_MCA, *ALLREDUCE_MCA) for arg in ("--mca", name, value)]
 
 
 def _time(cmd: list[str]) -> float:

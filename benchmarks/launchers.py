@@ -4,10 +4,10 @@ For 1, 2 and 4 instances: a trivial program (``python -c pass``), and a program 
 its launcher's collective backend (``popdist.init()`` under poprun and mpirun,
 ``init_process_group("gloo")`` + a barrier under torchrun, ``hvd.init()`` under horovodrun).
 Wall time of the whole launch, rounds interleaved, medians with spread. ``mpirun`` is bare
-mpirun with Open MPI's defaults; ``mpirun + poprun MCA`` adds the shared-memory selection
-poprun passes on one host, so the two rows show what that tuning is worth by itself. With
-``--baseline DIR`` (a copy of the packages at an earlier commit, put first on PYTHONPATH) a
-``poprun (before)`` row runs that version in the same interleaved rounds.
+mpirun with Open MPI's defaults; ``mpirun + poprun MCA`` adds the shared-memory selection and
+the allreduce rules poprun passes on one host, so the two rows show what that tuning is worth
+by itself. With ``--baseline DIR`` (a copy of the packages at an earlier commit, put first on
+PYTHONPATH) a ``poprun (before)`` row runs that version in the same interleaved rounds.
 
     .venv/bin/python benchmarks/launchers.py [--rounds 10] [--instances 1,2,4] [--baseline DIR]
 """
@@ -68,11 +68,13 @@ def _settled(job: str) -> Callable[[dict[str, list[float]]], bool]:
 
 def commands(n: int, baseline: bool = False) -> dict[str, dict[str, list[str]]]:
     """{job: {launcher: argv}} for ``n`` instances."""
-    from poprun.plan.mpirun import SINGLE_HOST_MCA
+    from poprun.plan.mpirun import ALLREDUCE_MCA, SINGLE_HOST_MCA
 
     poprun = [which("poprun"), "--num-instances", str(n), "--num-replicas", str(n)]
     mpirun = [*MPIRUN_BASE, "-np", str(n)]
-    mca = [arg for name, value in SINGLE_HOST_MCA for arg in ("--mca", name, value)]
+    mca = [
+        arg for name, value in (*SINGLE_HOST_MCA, *ALLREDUCE_MCA) for arg in ("--mca", name, value)
+    ]
     torchrun = [which("torchrun"), "--standalone", "--nproc-per-node", str(n)]
     horovodrun = [which("horovodrun"), "-np", str(n)]
     jobs = {

@@ -75,6 +75,27 @@ def test_instances_keep_freed_memory_instead_of_faulting_it_in_again(
             assert faults < 100 and "trim=1073741824" in line, line
 
 
+@pytest.mark.parametrize("own_choice", [False, True])
+def test_a_large_allreduce_does_not_fault_its_buffer_in_on_every_call(
+    own_choice: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [n for n in os.environ if n.startswith("OMPI_MCA_coll")]:
+        monkeypatch.delenv(name, raising=False)
+    # A coll* parameter of the user's own: poprun leaves Open MPI's allreduce choice alone.
+    env = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"} if own_choice else {}
+    script = str(BIN / "allreduce_faults.py")
+    result = poprun("--num-instances", "2", "--num-replicas", "2", PY, script, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "faults_per_allreduce=" in line]
+    assert len(lines) == 2 and all("sum=128" in line for line in lines), result.stdout
+    for line in lines:
+        faults = int(line.split("faults_per_allreduce=")[1].split()[0])
+        if own_choice:  # the 16 MiB it writes of a temporary buffer mapped afresh: ~4000
+            assert faults > 1000, line
+        else:
+            assert faults < 100, line
+
+
 def test_output_prefixes_partial_lines_cr_and_split_utf8(tmp_path: Path) -> None:
     result = poprun(
         "--num-replicas", "2", "--num-instances", "2", PY, str(BIN / "awkward_output.py")

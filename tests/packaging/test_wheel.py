@@ -101,6 +101,7 @@ def test_build_makes_an_sdist_and_a_typed_wheel_without_tests(dist: Path) -> Non
     assert not [n for n in names if n.split("/")[0] in ("tests", "examples", "benchmarks")]
     assert "poprun/cli.py" in names and "popdist/collectives/auto.py" in names
     assert "poprun/run/status/page.html" in names  # --status-port's page
+    assert "poprun/plan/allreduce.rules" in names  # Open MPI's allreduce rules on one host
     with tarfile.open(sdist) as archive:
         members = archive.getnames()
     assert any(m.endswith("/pyproject.toml") for m in members)

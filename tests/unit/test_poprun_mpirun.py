@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from poprun.config import run_config as cfg
-from poprun.plan.mpirun import REMOTE_WRAPPER, WRAPPER, build_argv, mca_from_environment
+from poprun.plan.mpirun import (
+    ALLREDUCE_RULES,
+    REMOTE_WRAPPER,
+    WRAPPER,
+    build_argv,
+    mca_from_environment,
+)
 from poprun.plan.topology import plan, spread_numa
 
 pytestmark = pytest.mark.unit
@@ -51,7 +57,11 @@ def _ctx(**values: object) -> list[str]:
 
 
 HEAD = ["mpirun", "--tag-output", "--bind-to", "none"]
-SHM = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]  # single-host defaults
+RULES = [
+    *("--mca", "coll_tuned_use_dynamic_rules", "1"),
+    *("--mca", "coll_tuned_dynamic_rules_filename", str(ALLREDUCE_RULES)),
+]
+SHM = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp", *RULES]  # single-host defaults
 YIELD = ["--mca", "mpi_yield_when_idle", "1"]  # ... when threads outnumber the cores
 FORWARD = [
     *("-x", "HOME", "-x", "PATH", "-x", "POPDIST_BACKEND", "-x", "POPDIST_ERROR_RECORD"),
@@ -223,16 +233,25 @@ def test_placement_on_and_off(placement: str) -> None:
 
 def test_user_binding_replaces_the_default() -> None:
     argv = _argv(_config(mpi_global_args=["--bind-to core"]))
-    assert argv[:10] == ["mpirun", "--tag-output", *SHM, "--bind-to", "core"]
+    assert argv[:16] == ["mpirun", "--tag-output", *SHM, "--bind-to", "core"]
 
 
 def test_user_mca_choices_replace_the_single_host_defaults() -> None:
     argv = _argv(_config(mpi_global_args=["--mca pml ucx"]))
-    assert argv[4:10] == ["--mca", "btl", "self,vader,tcp", "--mca", "pml", "ucx"]
+    assert argv[4:16] == ["--mca", "btl", "self,vader,tcp", *RULES, "--mca", "pml", "ucx"]
     argv = _argv(_config(mpi_local_args="-mca btl self,tcp"))
     assert argv[4:7] == ["--mca", "pml", "ob1"] and argv.count("btl") == 1
     argv = _argv(_config(), user_mca=frozenset({"pml", "btl"}))
-    assert "--mca" not in argv
+    assert argv[4:10] == RULES and argv.count("--mca") == 2  # only the allreduce rules
+
+
+def test_any_collective_choice_of_the_user_replaces_the_allreduce_rules() -> None:
+    assert ALLREDUCE_RULES.is_file()  # shipped with the package (pyproject's package-data)
+    for chosen in ({"coll_tuned_allreduce_algorithm"}, {"coll"}, {"coll_tuned_use_dynamic_rules"}):
+        argv = _argv(_config(), user_mca=frozenset(chosen))
+        assert "coll_tuned_dynamic_rules_filename" not in argv and argv[4:10] == SHM[:6]
+    argv = _argv(_config(mpi_global_args=["--mca coll_tuned_allreduce_algorithm 4"]))
+    assert argv.count("--mca") == 3 and "coll_tuned_use_dynamic_rules" not in argv
 
 
 def test_mca_names_from_the_environment() -> None:
@@ -242,8 +261,8 @@ def test_mca_names_from_the_environment() -> None:
 
 def test_host_subnet_maps_to_interface_selection() -> None:
     argv = _argv(_config(host_subnet="10.5.0.0/16"))
-    assert argv[4:10] == SHM
-    assert argv[10:16] == [
+    assert argv[4:16] == SHM
+    assert argv[16:22] == [
         "--mca",
         "btl_tcp_if_include",
         "10.5.0.0/16",
@@ -255,7 +274,7 @@ def test_host_subnet_maps_to_interface_selection() -> None:
 
 def test_cache_path_goes_by_name() -> None:
     argv = _argv(_config(executable_cache_path="/tmp/with space"))
-    assert argv[10:26] == [
+    assert argv[16:32] == [
         "-np",
         "1",
         "-x",
