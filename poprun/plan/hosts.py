@@ -13,16 +13,18 @@ the configuration reads it before anything launches.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from poprun.config.user_files import read_user_file
 from poprun.errors import PoprunError
 from poprun.plan.slurm import SlurmAllocation, SlurmHosts, check_hosts
+
+if TYPE_CHECKING:
+    import ipaddress
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -260,6 +262,8 @@ def is_local(host: str) -> bool:
     name = socket.gethostname()
     if host in {name, name.split(".", 1)[0]}:
         return True
+    import ipaddress  # only for a host given by address: not on a local launch's path
+
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
@@ -273,6 +277,8 @@ def local_addresses() -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address
 
     IPv4: the ``/32 host LOCAL`` entries of ``/proc/net/fib_trie``; IPv6: ``/proc/net/if_inet6``.
     """
+    import ipaddress
+
     found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
     try:
         with open("/proc/net/fib_trie", encoding="ascii") as handle:

@@ -82,7 +82,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from poprun.config.run_config import RunConfig
 from poprun.errors import PoprunError
@@ -121,10 +120,10 @@ _BINDING_FLAGS = frozenset({"--bind-to", "-bind-to"})
 #: Open MPI selections for a single-host run (see the module docstring).
 SINGLE_HOST_MCA: tuple[tuple[str, str], ...] = (("pml", "ob1"), ("btl", "self,vader,tcp"))
 #: Open MPI's allreduce for large messages on one host (see the module docstring).
-ALLREDUCE_RULES = Path(__file__).with_name("allreduce.rules")
+ALLREDUCE_RULES = os.path.join(os.path.dirname(__file__), "allreduce.rules")
 ALLREDUCE_MCA: tuple[tuple[str, str], ...] = (
     ("coll_tuned_use_dynamic_rules", "1"),
-    ("coll_tuned_dynamic_rules_filename", str(ALLREDUCE_RULES)),
+    ("coll_tuned_dynamic_rules_filename", ALLREDUCE_RULES),
 )
 #: ... and when the instances' threads (compute + Horovod's) outnumber the cores.
 YIELD_MCA: tuple[str, str] = ("mpi_yield_when_idle", "1")

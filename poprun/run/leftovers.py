@@ -22,7 +22,6 @@ import socket
 import tempfile
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
 #: Basename prefixes of the shared-memory files Open MPI's transports create.
@@ -165,6 +164,8 @@ def remove_session_files(mpirun_pid: int, env: Mapping[str, str], segments: set[
     Only paths named by that pid (or read from the instances' maps) and owned by this user.
     Returns what was removed.
     """
+    from pathlib import Path  # only after a SIGKILLed mpirun: not on every launch's path
+
     removed: list[str] = []
     uid = os.getuid()
     base = Path(env.get("TMPDIR") or tempfile.gettempdir())
