@@ -163,6 +163,29 @@ def test_results_are_kept_per_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert _common.load_results("absent") is None
 
 
+def test_a_generic_cpu_name_is_keyed_with_its_family_and_model() -> None:
+    import _common
+
+    masked = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n\n"
+    other = masked.replace(": 1\n", ": 17\n", 1)
+    assert _common.cpu_model(masked) == "AMD EPYC (family 25, model 1)"
+    assert _common.cpu_model(other) == "AMD EPYC (family 25, model 17)"  # another generation
+    named = masked.replace("AMD EPYC", "AMD EPYC 7763 64-Core Processor")
+    assert _common.cpu_model(named) == "AMD EPYC 7763 64-Core Processor"  # names its part
+    second = masked + "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 85\nmodel name\t: X\n"
+    assert _common.cpu_model(second) == "AMD EPYC (family 25, model 1)"  # the first CPU's
+
+
+def test_the_headline_names_whose_records_it_judges(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_all, "cpu_model", lambda: "CPU A")
+    latest = {"allreduce": "CPU A", "launchers": "CPU B"}
+    monkeypatch.setattr(run_all, "latest_cpu", lambda stem: latest.get(stem))
+    said = run_all.latest_runs_on()
+    assert "CPU A (this machine): allreduce" in said and "CPU B: launchers" in said
+    latest["launchers"] = "CPU A"
+    assert run_all.latest_runs_on() == "on CPU A"
+
+
 def test_a_failed_further_condition_is_no_not_no_margin() -> None:
     verdict = evaluate(_goal(1.0, "≥", also=lambda data: False), RESULTS)
     assert verdict is not None and verdict.row()[5] == "**no**"
