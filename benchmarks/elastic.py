@@ -30,7 +30,6 @@ A quick look at one fault, without the anchors and without writing the docs:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -45,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-from _common import DOCS, ROOT, compile_sources, which, write_doc
+from _common import ROOT, compile_sources, save_results, which, write_doc
 
 from tests.multihost.hosts import Hosts, unavailable
 
@@ -296,7 +295,7 @@ def main() -> int:
     print(_render_phases(summary), flush=True)
     if args.no_write:
         return 0
-    (DOCS / "elastic-benchmark.json").write_text(json.dumps(summary, indent=1) + "\n")
+    save_results("elastic-benchmark", summary)  # this CPU's record; the others stay
     write_doc("elastic-benchmark.md", "A lost host: detection, recovery, recomputed steps",
               _render(summary, args))  # fmt: skip
     return 0
