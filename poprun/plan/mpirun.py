@@ -151,9 +151,11 @@ def _poprun_mca(
     """poprun's own ``--mca`` settings, less those the user chose (``chosen`` or local args)."""
     for plan in topology.instances:
         chosen |= _mca_names(config.local_args(plan.index))
-    wanted = [] if topology.explicit_hosts else list(SINGLE_HOST_MCA)
-    if not topology.explicit_hosts and not any(name.startswith("coll") for name in chosen):
-        wanted += ALLREDUCE_MCA  # the user's own collective tuning wins as a whole
+    wanted: list[tuple[str, str]] = []
+    if not topology.explicit_hosts:
+        wanted += SINGLE_HOST_MCA
+        if not any(name.startswith("coll") for name in chosen):
+            wanted += ALLREDUCE_MCA  # the user's own collective tuning wins as a whole
     # Remote hosts are assumed to have as many cores as this one (as for NUMA nodes).
     per_host = max(plan.num_local_instances for plan in topology.instances)
     if 2 * per_host > local_cpus:
