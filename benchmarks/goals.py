@@ -603,11 +603,9 @@ def _progress() -> list[Goal]:
         goals.append(Goal(
             f"{title} progress reporting on ≥ {threshold}× off",
             "progress-overhead", at("models", model, "ratio"), threshold, "≥",
-            "{a:.0f} vs {b:.0f} samples/s (median over {n:.0f} rounds of {k:.0f} on/off block "
-            "pairs within launches)",
+            "{a:.0f} vs {b:.0f} samples/s (median over {n:.0f} on/off rounds within launches)",
             {"a": md("on"), "b": md("off"),
-             "n": lambda d, m=model: len(d["models"][m]["within"]["ratios"]),
-             "k": lambda d, m=model: d["models"][m]["within"].get("per_round", 1)},
+             "n": lambda d, m=model: len(d["models"][m]["within"]["ratios"])},
             optional=model != "mlp", rounds=listed("models", model, "within", "ratios")))  # fmt: skip
     return goals
 

@@ -109,7 +109,7 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
             [PY, str(here / "torch_backend.py"), "--rounds", "5"], 900, "torch-backend",
         ),
         "progress_overhead": (
-            [PY, str(here / "progress_overhead.py"), "--rounds", "7"], 1200, "progress-overhead",
+            [PY, str(here / "progress_overhead.py"), "--rounds", "7"], 1500, "progress-overhead",
         ),
         "deterministic": (
             [PY, str(here / "deterministic.py"), "--launches", "3"], 900, "deterministic-reduction",
