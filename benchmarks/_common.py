@@ -249,6 +249,16 @@ def round_ratios(on: Sequence[float], off: Sequence[float], per_round: int) -> l
     ]
 
 
+def charged_ratios(
+    on_s: Sequence[float], off_s: Sequence[float], share: Sequence[float]
+) -> list[float]:
+    """Rounds of an A/B whose halves ran the same number of steps: ``on_s[k]``/``off_s[k]``
+    the seconds round k's steps took with the feature on and off, ``share[k]`` the part of
+    the round a thread of the feature ran in both halves took (its CPU time over the round's
+    wall time). Each round's throughput on over off, that thread's cost charged to *on*."""
+    return [off / on * (1 - part) for on, off, part in zip(on_s, off_s, share, strict=True)]
+
+
 def rounds_until_clear(
     one_round: Callable[[int], None],
     rounds: int,

@@ -50,7 +50,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # goals
 from goals import clears
 
 from benchmarks import training_throughput as tt
-from benchmarks._common import rounds_until_clear
+from benchmarks._common import charged_ratios, rounds_until_clear
 
 CASES = {"on": "progress reporting on (poprun's default)", "off": "progress reporting off"}
 #: The fast-step case (issue 33): a small MLP whose step runs ≥ 20,000 samples/s (2 instances).
@@ -208,8 +208,8 @@ def _within(model: str, launches: int, args: argparse.Namespace) -> dict[str, An
         for key, values in got.items():
             values.extend(result[key])
 
-    def ratios() -> list[float]:  # on / off within each round, the reporter's share charged
-        return [off / on * (1 - share) for on, off, share in zip(*got.values(), strict=True)]
+    def ratios() -> list[float]:
+        return charged_ratios(got["on"], got["off"], got["reporter"])
 
     ran = rounds_until_clear(
         one_launch, launches, settled=lambda: clears(ratios(), GOALS[model], "≥"),

@@ -10,7 +10,7 @@ import pytest
 from tests.support.jobs import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import round_ratios, rounds_until_clear
+from _common import charged_ratios, round_ratios, rounds_until_clear
 
 pytestmark = pytest.mark.unit
 
@@ -118,3 +118,12 @@ def test_rounds_of_pairs_shrink_the_spread_of_noisy_pairs() -> None:
     round_spread, pair_spread = spread(rounds), spread(pairs)
     assert round_spread is not None and pair_spread is not None
     assert round_spread == pytest.approx(0.0) and pair_spread > 0.05
+
+
+def test_an_ab_round_is_throughput_on_over_off_with_the_threads_share_charged_to_on() -> None:
+    # Round 0: the steps took 2 % longer on, the thread nothing; round 1: equal times, the
+    # thread 1 % of the round; round 2: on faster.
+    got = charged_ratios([1.02, 1.0, 0.99], [1.0, 1.0, 1.0], [0.0, 0.01, 0.0])
+    assert got == [pytest.approx(1 / 1.02), pytest.approx(0.99), pytest.approx(1 / 0.99)]
+    with pytest.raises(ValueError):
+        charged_ratios([1.0, 1.0], [1.0], [0.0, 0.0])  # rounds that do not pair up
