@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from popdist import env as contract
 from poprun.errors import PoprunError
@@ -199,8 +198,7 @@ def parse_raw(option: str, value: object) -> str:
 # --- the table -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One poprun option."""
 
     key: str  #: canonical key: the YAML key with ``_``, the typer parameter name

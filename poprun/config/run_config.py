@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from popdist.env import BACKENDS
 from poprun.config.mpi_args import check_mpi_args
@@ -33,8 +32,7 @@ from poprun.plan.slurm import SlurmAllocation, SlurmHosts, default_instances, re
 __all__ = ["RunConfig", "build", "parse_bool"]
 
 
-@dataclass(frozen=True)
-class RunConfig:
+class RunConfig(NamedTuple):
     """Everything one run needs, validated. Frozen: later stages only read it.
 
     mpirun arguments are stored split into words (``mpi_global_args``, ...), in order.
@@ -124,7 +122,7 @@ class RunConfig:
         return out
 
 
-_FIELDS = frozenset(field.name for field in fields(RunConfig))
+_FIELDS = frozenset(RunConfig._fields)
 
 
 # --- rules between options --------------------------------------------------------------------

@@ -16,8 +16,7 @@ import functools
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from poprun.config.user_files import read_user_file
 from poprun.errors import PoprunError
@@ -179,8 +178,7 @@ def share_evenly(
     return hosts, (num_instances // len(hosts),) * len(hosts)
 
 
-@dataclass(frozen=True)
-class HostList:
+class HostList(NamedTuple):
     """``-H``/``--host`` values, each a comma-separated list of names and ranges."""
 
     values: tuple[str, ...]
@@ -193,8 +191,7 @@ class HostList:
         return share_evenly(self.hosts(), num_instances)
 
 
-@dataclass(frozen=True)
-class HostFile:
+class HostFile(NamedTuple):
     """``--host-file``: one host (or range) a line."""
 
     path: str
@@ -207,8 +204,7 @@ class HostFile:
         return share_evenly(self.hosts(), num_instances)
 
 
-@dataclass(frozen=True)
-class WithinAllocation:
+class WithinAllocation(NamedTuple):
     """Hosts named by the options inside a scheduler's job: they must be the job's nodes,
     with room for their share of the instances."""
 

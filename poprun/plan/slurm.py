@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from poprun.errors import PoprunError
 
@@ -42,8 +42,7 @@ MAX_NODES = 65536
 _COUNTS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
-@dataclass(frozen=True)
-class SlurmAllocation:
+class SlurmAllocation(NamedTuple):
     """What poprun read of the job it runs in."""
 
     job_id: str
@@ -193,8 +192,7 @@ def read_allocation(environ: Mapping[str, str]) -> SlurmAllocation | None:
     )
 
 
-@dataclass(frozen=True)
-class SlurmHosts:
+class SlurmHosts(NamedTuple):
     """The host source inside a Slurm job given no ``-H``: the job's nodes."""
 
     allocation: SlurmAllocation

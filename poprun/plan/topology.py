@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from popdist.env import split_replicas
 from poprun.config.run_config import RunConfig
@@ -14,11 +13,10 @@ from poprun.plan.slurm import SlurmAllocation
 LOCALHOST = "localhost"
 
 
-@dataclass(frozen=True)
-class InstancePlan:
+class InstancePlan(NamedTuple):
     """Where one instance runs and what it owns."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # a field, not tuple.index
     host: str
     local_index: int
     num_local_instances: int
@@ -39,8 +37,7 @@ class InstancePlan:
         return range(first, first + self.num_local_replicas * self.ipus_per_replica)
 
 
-@dataclass(frozen=True)
-class Topology:
+class Topology(NamedTuple):
     """Every instance's plan, in instance order."""
 
     hosts: tuple[str, ...]
@@ -109,7 +106,7 @@ def on_hosts(config: RunConfig, hosts: tuple[str, ...]) -> RunConfig:
     replicas, the same instances on each host kept, so more replicas on each instance."""
     counts = config.host_counts or (config.num_instances // len(config.hosts),) * len(config.hosts)
     kept = tuple(n for host, n in zip(config.hosts, counts, strict=True) if host in hosts)
-    return dataclasses.replace(config, hosts=hosts, host_counts=kept, num_instances=sum(kept))
+    return config._replace(hosts=hosts, host_counts=kept, num_instances=sum(kept))
 
 
 def local_numa_node_count() -> int:

@@ -18,8 +18,7 @@ from __future__ import annotations
 import enum
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from poprun.errors import EXIT_HOSTS_LOST
 from poprun.run import verdict
@@ -90,8 +89,7 @@ class Do(enum.Enum):
     HOST_LOST = "host-lost"
 
 
-@dataclass(frozen=True)
-class Action:
+class Action(NamedTuple):
     """One decision: what to do, and the log line that says why."""
 
     do: Do
@@ -100,8 +98,7 @@ class Action:
     groups: bool = False
 
 
-@dataclass(frozen=True)
-class Ending:
+class Ending(NamedTuple):
     """How a run (or an attempt of it) ended: the exit code, the report, and what comes next."""
 
     code: int
@@ -114,8 +111,7 @@ class Ending:
     hosts: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Evidence:
+class Evidence(NamedTuple):
     """What the supervisor saw that names the failing instance (for :meth:`EndingPolicy.ending`)."""
 
     instances: tuple[InstanceResult, ...]
@@ -128,36 +124,30 @@ class Evidence:
     diagnosis: str = ""
 
 
-@dataclass
 class _Attempt:
     """The events of one launch of the job (a restart starts a new one)."""
 
-    deadline: float | None = None
-    kill_at: float | None = None
-    drain_until: float | None = None
-    signals: list[int] = field(default_factory=list)
-    exited: list[int] = field(default_factory=list)
-    exited_at_abort: tuple[int, ...] | None = None
-    reports: list[tuple[int, ExitRecord]] = field(default_factory=list)
-    reports_at_abort: int | None = None
-    returncode: int | None = None
-    launch_error: str | None = None
-    timed_out: bool = False
-    instances_killed: bool = False
-    escalated: bool = False
-    mpirun_killed: bool = False
-    started: bool = False
-    streams_open: bool = True
-    reading: bool = True
-    #: Ended on a verdict of the progress board (:mod:`poprun.run.progress`).
-    hung: bool = False
-    desynced: bool = False
-    #: Ended because a host was lost (:mod:`poprun.run.membership`), or stopped at the
-    #: save-now notice to readmit one (``--readmit``).
-    lost: bool = False
-    readmitting: bool = False
-    #: An instance has made progress (a collective or a step) in this attempt.
-    moved: bool = False
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.kill_at: float | None = None
+        self.drain_until: float | None = None
+        self.signals: list[int] = []
+        self.exited: list[int] = []
+        self.exited_at_abort: tuple[int, ...] | None = None
+        self.reports: list[tuple[int, ExitRecord]] = []
+        self.reports_at_abort: int | None = None
+        self.returncode: int | None = None
+        self.launch_error: str | None = None
+        self.timed_out = self.instances_killed = self.escalated = False
+        self.mpirun_killed = self.started = False
+        self.streams_open = self.reading = True
+        #: Ended on a verdict of the progress board (:mod:`poprun.run.progress`).
+        self.hung = self.desynced = False
+        #: Ended because a host was lost (:mod:`poprun.run.membership`), or stopped at the
+        #: save-now notice to readmit one (``--readmit``).
+        self.lost = self.readmitting = False
+        #: An instance has made progress (a collective or a step) in this attempt.
+        self.moved = False
 
 
 class EndingPolicy:

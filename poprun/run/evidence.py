@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import signal
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from popdist.error_record import MARKER
 from poprun.plan.mpirun import EXIT_MARKER
@@ -32,8 +32,7 @@ _BOX = "-" * 20
 _FORWARDING = re.compile(r"^\S*mpirun: Forwarding signal \d+ to job$")
 
 
-@dataclass(frozen=True)
-class Failure:
+class Failure(NamedTuple):
     """The first instance mpirun saw fail."""
 
     instance: int
@@ -63,8 +62,7 @@ class Failure:
         return "exited without finishing MPI (MPI_Finalize not called)"
 
 
-@dataclass(frozen=True)
-class ErrorRecord:
+class ErrorRecord(NamedTuple):
     """An instance's own record of its uncaught exception."""
 
     type: str
@@ -105,8 +103,7 @@ class ErrorRecord:
         )
 
 
-@dataclass(frozen=True)
-class ExitRecord:
+class ExitRecord(NamedTuple):
     """How an instance on another host ended, in its wrapper's words (its last stderr line)."""
 
     #: ``Popen`` style: the exit code, or ``-N`` when signal N killed the program.

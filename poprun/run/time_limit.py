@@ -38,7 +38,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from poprun.errors import PoprunError
 
@@ -61,27 +60,26 @@ _NO_END = frozenset({"UNKNOWN", "N/A", "NONE", "UNLIMITED", "INFINITE", "NOT_SET
 Runner = Callable[[Sequence[str], Mapping[str, str]], tuple[int, str, str]]
 
 
-@dataclass
 class TimeLimit:
     """When the notice and the end at the time limit are due (pure; the policy holds one).
 
-    ``end_at`` is the Slurm job's end on the policy's clock (None: no Slurm end known);
-    ``deadline``, passed to each question, is the policy's live ``--timeout`` deadline
-    (it moves while poprun is stopped).
+    ``margin`` is ``--time-limit-margin``: notice this long before the deadline (None: only
+    on SIGUSR1); ``end_at`` is the Slurm job's end on the policy's clock (None: no Slurm end
+    known); ``requeue`` is ``--requeue-on-timeout``. ``deadline``, passed to each question,
+    is the policy's live ``--timeout`` deadline (it moves while poprun is stopped).
     """
 
-    #: ``--time-limit-margin``: notice this long before the deadline (None: only on SIGUSR1).
-    margin: float | None = None
-    end_at: float | None = None
-    #: ``--requeue-on-timeout``.
-    requeue: bool = False
-    #: Why the notice was sent ("" while it has not been).
-    noticed: str = ""
-    #: A notice that arrived before the job was launched: sent as soon as it runs.
-    pending: str = ""
-    repeat_at: float | None = None
-    #: poprun ended the job :data:`END_RESERVE_S` before the Slurm job's end.
-    at_limit: bool = False
+    def __init__(
+        self, margin: float | None = None, end_at: float | None = None, requeue: bool = False
+    ) -> None:
+        self.margin, self.end_at, self.requeue = margin, end_at, requeue
+        #: Why the notice was sent ("" while it has not been).
+        self.noticed = ""
+        #: A notice that arrived before the job was launched: sent as soon as it runs.
+        self.pending = ""
+        self.repeat_at: float | None = None
+        #: poprun ended the job :data:`END_RESERVE_S` before the Slurm job's end.
+        self.at_limit = False
 
     def received(self, why: str, t: float, *, running: bool) -> str:
         """SIGUSR1 reached poprun: the notice now (its reason), or once the job runs ("")."""

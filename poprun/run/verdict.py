@@ -10,17 +10,16 @@ plain function of the record, so each is unit-tested without a process.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIME_LIMIT, EXIT_TIMEOUT
 from poprun.run.evidence import ErrorRecord, ExitRecord, Failure
 
 
-@dataclass(frozen=True)
-class InstanceResult:
+class InstanceResult(NamedTuple):
     """One instance as the supervisor last saw it."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # a field, not tuple.index
     host: str
     pid: int | None = None
     #: The last lines of its stderr (the report's fallback when there is no error record).
@@ -31,8 +30,7 @@ class InstanceResult:
     raised_at: float | None = None
 
 
-@dataclass(frozen=True)
-class RunResult:
+class RunResult(NamedTuple):
     """Everything known at the end of a run (the policy's events, the supervisor's evidence)."""
 
     instances: tuple[InstanceResult, ...]

@@ -309,6 +309,20 @@ def test_poprun_never_imports_torch_or_horovod() -> None:
     subprocess.run([PY, "-c", code], check=True, capture_output=True, cwd=ROOT)
 
 
+def test_a_launch_never_imports_dataclasses() -> None:
+    """poprun's records are NamedTuples and its mutable state plain classes: ``dataclasses``
+    (with the ``inspect`` it imports) and each dataclass's generated methods took about
+    25 ms of a launch on a slow CPU (issue 33). A whole launch, to the end of its summary."""
+    code = (
+        "import sys; from poprun.cli import main; "
+        "rc = main(['--num-replicas', '2', '--num-instances', '2', 'true']); "
+        "slow = [m for m in ('dataclasses', 'inspect') if m in sys.modules]; "
+        "assert rc == 0 and not slow, slow"
+    )
+    subprocess.run([PY, "-c", code], check=True, capture_output=True, cwd=ROOT)
+    assert_no_descendants()
+
+
 def test_a_time_out_of_a_year_runs_the_job() -> None:
     """Past epoll's 24.8 days the supervisor waits in steps; the job runs as usual."""
     result = poprun("--num-replicas", "2", "--num-instances", "2", "--timeout", "31536000", "true")

@@ -21,7 +21,6 @@ import fcntl
 import os
 import shutil
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from poprun.run import leftovers
 
@@ -42,13 +41,17 @@ def _undelivered(instance: int, kind: str, data: bytes) -> None:
     raise RuntimeError(f"instance {instance}'s {kind} FIFO has no reader (deliver_to)")
 
 
-@dataclass
 class DirectFeed:
     """One instance's stdout or stderr FIFO: its bytes go to ``on_instance`` as they are."""
 
-    instance: int
-    kind: str
-    on_instance: Callable[[int, str, bytes], None]
+    __slots__ = ("instance", "kind", "on_instance")
+
+    def __init__(
+        self, instance: int, kind: str, on_instance: Callable[[int, str, bytes], None]
+    ) -> None:
+        self.instance = instance
+        self.kind = kind
+        self.on_instance = on_instance
 
     def feed(self, data: bytes) -> None:
         self.on_instance(self.instance, self.kind, data)

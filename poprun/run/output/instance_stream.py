@@ -15,7 +15,6 @@ import collections
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from popdist.error_record import MARKER
@@ -41,7 +40,6 @@ def prefix(instance: int, kind: str) -> bytes:
     return f"[1,{instance}]<{kind}>:".encode()
 
 
-@dataclass
 class LineSplitter:
     """Cut a byte stream into lines ending in ``\\n``, ``\\r\\n`` or ``\\r``.
 
@@ -49,9 +47,10 @@ class LineSplitter:
     ``bytes.splitlines``) and a line still open is kept as a list of pieces, never rescanned.
     """
 
-    _parts: list[bytes] = field(default_factory=list)
-    #: The open line ended in ``\\r``: it may be the first half of ``\\r\\n``.
-    _cr: bool = False
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        #: The open line ended in ``\\r``: it may be the first half of ``\\r\\n``.
+        self._cr = False
 
     def feed(self, data: bytes) -> list[bytes]:
         """Complete lines (with their terminators) now available."""
@@ -114,35 +113,36 @@ class LineSplitter:
         return rest
 
 
-@dataclass
 class InstanceStream:
-    """One instance's stdout or stderr: pid marker, error records, file copy, console, tail."""
+    """One instance's stdout or stderr: pid marker, error records, file copy, console, tail.
 
-    instance: int
-    kind: str
-    console: BinaryIO | None
-    file: BinaryIO | None = None
-    on_pid: Callable[[int, int], None] | None = None
-    #: Called with each structured error record line (``popdist.error_record``), which is
-    #: then neither shown, nor kept in the tail, nor written to the file.
-    on_record: Callable[[int, bytes], None] | None = None
-    #: Called with the exit status line of an instance on another host, taken out likewise.
-    on_exit: Callable[[int, bytes], None] | None = None
-    #: Called with each progress record line (``popdist.progress``), taken out likewise.
-    on_progress: Callable[[int, bytes], None] | None = None
-    splitter: LineSplitter = field(default_factory=LineSplitter)
-    tail: collections.deque[bytes] = field(
-        default_factory=lambda: collections.deque(maxlen=TAIL_LINES)
-    )
-    _marker_pending: bytes | None = None
-    #: When this stream first showed a Python traceback (monotonic seconds), if ever.
-    traceback_at: float | None = None
-    #: The console already has the start of the open line (see :data:`OPEN_LINE_BYTES`).
-    _mid_line: bool = False
+    ``on_record`` is called with each structured error record line (``popdist.error_record``),
+    which is then neither shown, nor kept in the tail, nor written to the file; ``on_exit``
+    with the exit status line of an instance on another host, and ``on_progress`` with each
+    progress record line (``popdist.progress``), both taken out likewise.
+    """
 
-    def __post_init__(self) -> None:
-        if self.on_pid is not None:
-            self._marker_pending = b""
+    def __init__(
+        self,
+        instance: int,
+        kind: str,
+        console: BinaryIO | None,
+        file: BinaryIO | None = None,
+        on_pid: Callable[[int, int], None] | None = None,
+        on_record: Callable[[int, bytes], None] | None = None,
+        on_exit: Callable[[int, bytes], None] | None = None,
+        on_progress: Callable[[int, bytes], None] | None = None,
+    ) -> None:
+        self.instance, self.kind, self.console, self.file = instance, kind, console, file
+        self.on_pid, self.on_record, self.on_exit = on_pid, on_record, on_exit
+        self.on_progress = on_progress
+        self.splitter = LineSplitter()
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=TAIL_LINES)
+        self._marker_pending: bytes | None = b"" if on_pid is not None else None
+        #: When this stream first showed a Python traceback (monotonic seconds), if ever.
+        self.traceback_at: float | None = None
+        #: The console already has the start of the open line (see :data:`OPEN_LINE_BYTES`).
+        self._mid_line = False
 
     def feed(self, data: bytes) -> None:
         """Route a chunk of this instance's bytes."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
 _TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 _TAG_PREFIX = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]{0,7}>?)?)?)?")
@@ -53,15 +52,17 @@ def _same_tag_run(buf: bytes, pos: int, tag: bytes) -> tuple[int, bytes]:
         limit = last
 
 
-@dataclass
 class TagDemux:
     """Split one of mpirun's tagged output pipes into (rank, kind, bytes) and mpirun's own text."""
 
-    on_instance: Callable[[int, str, bytes], None]
-    on_untagged: Callable[[bytes], None]
-    _buf: bytes = b""
-    _current: tuple[int, str] | None = None  # inside a tagged segment
-    _tag: bytes = b""  # the tag that opened it
+    def __init__(
+        self, on_instance: Callable[[int, str, bytes], None], on_untagged: Callable[[bytes], None]
+    ) -> None:
+        self.on_instance = on_instance
+        self.on_untagged = on_untagged
+        self._buf = b""
+        self._current: tuple[int, str] | None = None  # inside a tagged segment
+        self._tag = b""  # the tag that opened it
 
     def feed(self, data: bytes) -> None:
         """Consume more bytes from the pipe."""

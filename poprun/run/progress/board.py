@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from popdist.progress import MARKER
 
@@ -30,8 +29,7 @@ KEPT_CALLS = 256
 MARKER_BYTES = MARKER.encode()
 
 
-@dataclass(frozen=True)
-class CollectiveCall:
+class CollectiveCall(NamedTuple):
     """One collective an instance issued."""
 
     seq: int
@@ -57,8 +55,7 @@ class CollectiveCall:
         return f"#{self.seq} {self.kind}{name}{tensor}"
 
 
-@dataclass(frozen=True)
-class Frame:
+class Frame(NamedTuple):
     """One frame of a thread's stack."""
 
     file: str
@@ -67,16 +64,14 @@ class Frame:
     text: str = ""
 
 
-@dataclass(frozen=True)
-class ThreadStack:
+class ThreadStack(NamedTuple):
     """One thread's innermost frames, innermost first."""
 
     thread: str
     frames: tuple[Frame, ...]
 
 
-@dataclass(frozen=True)
-class InstanceFigures:
+class InstanceFigures(NamedTuple):
     """One instance as its last progress record showed it."""
 
     instance: int
@@ -110,8 +105,7 @@ class InstanceFigures:
     exiting: bool = False
 
 
-@dataclass(frozen=True)
-class Desync:
+class Desync(NamedTuple):
     """Two instances issued different collectives at one sequence number."""
 
     seq: int
@@ -173,11 +167,13 @@ def _stacks(raw: Any) -> tuple[ThreadStack, ...]:
     return tuple(out)
 
 
-@dataclass
 class _Instance:
-    figures: InstanceFigures
-    counters: tuple[int, int, int]
-    calls: dict[int, CollectiveCall] = field(default_factory=dict)
+    __slots__ = ("calls", "counters", "figures")
+
+    def __init__(self, figures: InstanceFigures, counters: tuple[int, int, int]) -> None:
+        self.figures = figures
+        self.counters = counters
+        self.calls: dict[int, CollectiveCall] = {}
 
 
 class ProgressBoard:
@@ -281,12 +277,10 @@ class ProgressBoard:
 
 
 def _shifted(f: InstanceFigures, seconds: float) -> InstanceFigures:
-    from dataclasses import replace
-
     pending = f.pending
     if pending is not None:
-        pending = replace(pending, started=pending.started + seconds)
-    return replace(f, last_progress=f.last_progress + seconds, pending=pending)
+        pending = pending._replace(started=pending.started + seconds)
+    return f._replace(last_progress=f.last_progress + seconds, pending=pending)
 
 
 _NUMBERS: tuple[tuple[str, type], ...] = (

@@ -22,7 +22,7 @@ It is named only when the spread is worth a user's attention, both:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from poprun.run.status.figures import (
     Figures,
@@ -43,8 +43,7 @@ COST = 0.05
 PREFIX = "poprun: "
 
 
-@dataclass(frozen=True)
-class Straggler:
+class Straggler(NamedTuple):
     """The instance that held the others up, and what it cost them."""
 
     instance: int
