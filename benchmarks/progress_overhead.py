@@ -95,12 +95,11 @@ def within(model_name: str, batch: int, warmup: int, rounds: int, steps: int, bl
     x = torch.randn(batch, 1, 28, 28, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
     backend, tracker, reporter = lifecycle.started(), progress.tracker, progress._reporter
-    assert tracker is not None and reporter is not None, "reporting is not on"
     attrs = backend.__dict__
     traced = {a: attrs[a] for a, _, _ in progress.TRACED if a in attrs}
+    assert traced and tracker is not None and reporter is not None, "reporting is not on"
     # Off: the backend's own methods, set the same way (one dict update either way).
     plain = {a: getattr(type(backend), a).__get__(backend) for a in traced}
-    assert traced, "reporting is not on"
     for _ in range(warmup):
         wrapped(x, y)
     clock = time.perf_counter

@@ -299,27 +299,28 @@ def test_soak_fifty_launches_leave_nothing_behind(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_poprun_never_imports_torch_or_horovod() -> None:
+def _assert_main_imports_none_of(args: list[str], packages: tuple[str, ...]) -> None:
+    """``poprun.cli.main(args)`` in a fresh interpreter returns 0 having imported no module of
+    ``packages`` (top-level names)."""
     code = (
-        "import sys; from poprun.cli import main; "
-        "rc = main(['--num-replicas', '2', '--num-instances', '2', '--dry-run=yes', 'true']); "
-        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod')]; "
-        "assert rc == 0 and not heavy, heavy"
+        f"import sys; from poprun.cli import main; rc = main({args!r}); "
+        f"loaded = [m for m in sys.modules if m.split('.')[0] in {packages!r}]; "
+        "assert rc == 0 and not loaded, loaded"
     )
     subprocess.run([PY, "-c", code], check=True, capture_output=True, cwd=ROOT)
+
+
+def test_poprun_never_imports_torch_or_horovod() -> None:
+    args = ["--num-replicas", "2", "--num-instances", "2", "--dry-run=yes", "true"]
+    _assert_main_imports_none_of(args, ("torch", "horovod"))
 
 
 def test_a_launch_never_imports_dataclasses() -> None:
     """poprun's records are NamedTuples and its mutable state plain classes: ``dataclasses``
     (with the ``inspect`` it imports) and each dataclass's generated methods took about
     25 ms of a launch on a slow CPU (issue 33). A whole launch, to the end of its summary."""
-    code = (
-        "import sys; from poprun.cli import main; "
-        "rc = main(['--num-replicas', '2', '--num-instances', '2', 'true']); "
-        "slow = [m for m in ('dataclasses', 'inspect') if m in sys.modules]; "
-        "assert rc == 0 and not slow, slow"
-    )
-    subprocess.run([PY, "-c", code], check=True, capture_output=True, cwd=ROOT)
+    args = ["--num-replicas", "2", "--num-instances", "2", "true"]
+    _assert_main_imports_none_of(args, ("dataclasses", "inspect"))
     assert_no_descendants()
 
 
