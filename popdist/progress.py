@@ -4,7 +4,9 @@ When poprun asks (``POPDIST_PROGRESS`` holds the job's secret, :mod:`popdist.env
 collective the project issues through :mod:`popdist.collectives` gets a per-instance
 sequence number, its kind, name, size, shape, dtype, call site and start time
 (:func:`instrument` wraps a backend object's methods), and the executor counts its steps and
-samples (:func:`step`). What the hot path does is a counter increment and a tuple store;
+samples (:func:`leave`). The executor's gradient allreduces of one weight update are one
+record, a :class:`Group` described once, so a step's cost does not grow with its number of
+gradients. What the hot path does is a counter increment and a tuple store;
 everything else happens on a reporter thread, which writes one marked line to the
 instance's stderr about once a second (:data:`INTERVAL_S`), or at once when a collective has
 been waited for longer than :data:`PENDING_S`. Like the error record
@@ -346,12 +348,23 @@ def instrument(backend: Any) -> Any:
     t = tracker
     if t is None or getattr(backend, "_progress_traced", False):
         return backend
+    plain = {}
     for attribute, kind, mode in TRACED:
         method = getattr(backend, attribute, None)
         if method is not None:
+            plain[attribute] = method
             setattr(backend, attribute, _wrap(t, method, kind, mode))
+    backend._progress_plain = plain
     backend._progress_traced = True
     return backend
+
+
+def untraced(backend: Any, attribute: str) -> Callable[..., Any]:
+    """``backend``'s own method ``attribute``, under the wrapper :func:`instrument` may have
+    put there: for a caller that reports its collectives itself, as a :class:`Group`."""
+    plain: dict[str, Callable[..., Any]] = getattr(backend, "_progress_plain", None) or {}
+    method: Callable[..., Any] = plain.get(attribute) or getattr(backend, attribute)
+    return method
 
 
 def enter(caller: FrameType) -> tuple[str, int, str] | None:
@@ -364,24 +377,112 @@ def enter(caller: FrameType) -> tuple[str, int, str] | None:
     if t is None:
         return None
     outer = t.site
-    t.site = _site_from(caller)
+    # A training loop calls from one line: its site is known (one lookup, no walk).
+    site = _sites.get((id(caller.f_code), caller.f_lasti))
+    t.site = site if site is not None else _site_from(caller)
     return outer
 
 
-def leave(outer: tuple[str, int, str] | None) -> None:
-    """The executor call :func:`enter` saw has ended (returned or raised)."""
+def leave(
+    outer: tuple[str, int, str] | None, samples: int = 0, seconds: float | None = None
+) -> None:
+    """The executor call :func:`enter` saw has ended: raised, or returned ``samples``
+    processed in ``seconds`` (a step; one call, not two, on every step)."""
     t = tracker
     if t is not None:
         t.site = outer
+        if seconds is not None:
+            t.steps += 1
+            t.samples += samples
+            t.step_s += seconds
 
 
 def step(samples: int, seconds: float) -> None:
-    """One executor call finished: ``samples`` processed in ``seconds``."""
+    """One step ran outside an executor call: ``samples`` processed in ``seconds``."""
     t = tracker
     if t is not None:
         t.steps += 1
         t.samples += samples
         t.step_s += seconds
+
+
+# -- groups: collectives described once, recorded once per use -----------------------------
+class Group:
+    """Collectives a program issues together on every use, described once: the executor's
+    gradient allreduces of one weight update are one record per update, not one per gradient.
+
+    On a 2 ms step of four gradients, recording each (its wrapper, a tuple, the clock, the
+    handle's bookkeeping, its wait) cost the step 2 %; a group costs the same for any number
+    of gradients (issue 33). The record reads as one call: the first member's name and how
+    many more, every element as one flat shape, the dtype they share (``mixed`` otherwise);
+    instances whose members differ in size differ there, and poprun names both (a desync).
+    Its sequence numbers are as many as its members, so ``seq`` still counts collectives.
+    """
+
+    __slots__ = ("count", "dtype", "kind", "name", "nbytes", "reduced", "shape")
+
+    def __init__(self, kind: str, names: list[str], tensors: list[Any]) -> None:
+        count = len(tensors)
+        self.kind = kind
+        self.count = count
+        self.name = names[0] if count == 1 else f"{names[0]} and {count - 1} more"
+        self.nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.reduced = self.nbytes if kind == "allreduce" else 0  # what the figures count
+        self.shape = (sum(t.numel() for t in tensors),)
+        dtypes = {t.dtype for t in tensors}
+        self.dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"
+
+
+def _group_call(t: Tracker, group: Group, site: tuple[str, int, str], now: float) -> Call:
+    """``group``'s record, its members' sequence numbers taken: one call in the records."""
+    seq = t.seq + 1
+    t.seq = seq + group.count - 1
+    call = (seq, group.kind, group.name, group.nbytes, group.shape, group.dtype, site, now)
+    t.recent.append(call)
+    t.bytes_reduced += group.reduced
+    return call
+
+
+def wait_group(group: Group, wait: Callable[[Any], Any], handles: Any) -> None:
+    """``wait`` for each of ``handles``, ``group``'s members, issued since the last wait:
+    the group goes on the record now, issued as the program blocks in it (all of it is
+    issued by then, nothing else in between). Nothing is reported: it just waits.
+
+    Its waits are the backend's own (:func:`untraced`), which call none of its traced
+    methods, so nothing inside is counted twice."""
+    t = tracker
+    if t is None or not group.count:
+        for handle in handles:
+            wait(handle)
+        return
+    t.blocked_since = start = time.monotonic()
+    # _group_call, inline: this runs on every weight update
+    seq = t.seq + 1
+    t.seq = seq + group.count - 1
+    site = t.site or _site_from(sys._getframe(1))
+    t.blocked = call = (seq, group.kind, group.name, group.nbytes, group.shape, group.dtype,
+                        site, start)  # fmt: skip
+    t.recent.append(call)
+    t.bytes_reduced += group.reduced
+    try:
+        for handle in handles:
+            wait(handle)
+    except BaseException as error:
+        _fail(t, call, error)
+        raise
+    finally:
+        t.blocked = None
+        t.wait_s += time.monotonic() - start
+    t.done += group.count
+
+
+def group_failed(group: Group, error: BaseException) -> None:
+    """Issuing a member of ``group`` raised ``error``: the instance has failed (see the
+    module's notes); the group is on the record as the failed call."""
+    t = tracker
+    if t is not None and group.count:
+        call = _group_call(t, group, t.site or _site_from(sys._getframe(1)), time.monotonic())
+        _fail(t, call, error)
 
 
 # -- the reporter ---------------------------------------------------------------------------

@@ -300,12 +300,14 @@ class PoplarExecutor(DeviceSide, Observation):
         try:
             result = self._first_call(batch) if self._watch_blocks else self._run(batch)
             result = result if self._device == CPU else to_host(result)
-            progress.step(batch.samples, time.monotonic() - started)
-            return result
-        finally:
+        except BaseException:
             progress.leave(outer)
+            raise
+        finally:
             if was_training != self._training:
                 model.train(was_training)
+        progress.leave(outer, batch.samples, time.monotonic() - started)  # and a step done
+        return result
 
     def _run(self, batch: Batch) -> Any:
         return (

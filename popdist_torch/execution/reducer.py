@@ -15,6 +15,11 @@ rest of the backward pass (Horovod's ``DistributedOptimizer`` and DDP's buckets 
 same way).  :meth:`GradientReducer.finish` launches whatever did not get a gradient, waits
 for every handle and leaves the reduced gradients in ``.grad``.  Intermediate accumulation
 steps never communicate.
+
+Under poprun the gradients of one update go on the instance's progress record as one
+:class:`popdist.progress.Group`, recorded as :meth:`finish` waits for it, through the
+backend's own methods rather than its per-call wrappers: one record an update, whatever the
+number of parameters, and nothing in the gradient hooks (issue 33).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 from torch import nn
 
 import popdist.collectives
+from popdist import progress
 from popdist.collectives import CollectiveError
 from popdist.collectives.base import Collectives, Handle
 
@@ -62,6 +68,13 @@ class GradientReducer:
         self._params = [(n, p) for n, p in named_parameters if p.requires_grad]
         self._armed = False
         self._handles: dict[str, Handle] = {}
+        # The backend's own methods: this update's gradients are recorded as one group.
+        self._allreduce_async_ = progress.untraced(collectives, "allreduce_async_")
+        self._wait = progress.untraced(collectives, "wait")
+        self._group = progress.Group(
+            "allreduce", [f"popdist_torch.grad.{n}" for n, _ in self._params],
+            [p for _, p in self._params],
+        )  # fmt: skip
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook(n))  # type: ignore[no-untyped-call]
             for n, p in self._params
@@ -73,9 +86,13 @@ class GradientReducer:
         return self._collectives
 
     def _launch(self, name: str, grad: torch.Tensor) -> None:
-        self._handles[name] = self._collectives.allreduce_async_(
-            grad, average=self._average, name=f"popdist_torch.grad.{name}"
-        )
+        try:
+            self._handles[name] = self._allreduce_async_(
+                grad, average=self._average, name=f"popdist_torch.grad.{name}"
+            )
+        except BaseException as error:
+            progress.group_failed(self._group, error)
+            raise
 
     def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
         def launch(param: torch.Tensor) -> None:
@@ -106,8 +123,7 @@ class GradientReducer:
                     if param.grad is None:
                         param.grad = torch.zeros_like(param)
                     self._launch(name, param.grad)
-        for handle in self._handles.values():
-            self._collectives.wait(handle)
+        progress.wait_group(self._group, self._wait, self._handles.values())
         self._handles.clear()
 
     def reduce_all(self) -> None:

@@ -65,9 +65,11 @@ def test_different_shapes_at_one_step_end_the_job_with_both_sites_named() -> Non
     for instance, width, elements in ((0, "8", "49"), (1, "16", "97")):
         head = f"poprun:   instance {instance} "
         line = next(text for text in err.splitlines() if text.startswith(head))
-        shape = line.split(" shape ")[1].split(" float32")[0]  # (1, 8) or (8, 4): the layer
-        # (rarely, instance 1 reports the parameters' broadcast, one flat call, before it
-        # runs past it: 49 elements against 97)
+        shape = line.split(" shape ")[1].split(" float32")[0]
+        # The gradients of an update are one flat group (popdist.progress.Group), as is the
+        # parameters' broadcast that instance 1 may report before it runs past it: 49
+        # elements against 97. (A layer's own shape, (1, 8) or (8, 4), if a backend's error
+        # names a single tensor.)
         assert width in shape.strip("()").split(", ") or shape == f"({elements},)", line
         assert "called at " in line and "hang.py" in line, line
     assert_no_descendants()

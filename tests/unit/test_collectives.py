@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 import popdist_torch
-from popdist import collectives
+from popdist import collectives, progress
 from popdist.collectives import CollectiveError
 from popdist.collectives.base import Collectives
 from popdist.env import PopdistError
@@ -122,6 +123,73 @@ def test_reducer_launches_each_gradient_once_when_armed_and_waits_for_all() -> N
     ]
     assert all(average for _, average in backend.launched)
     assert sorted(backend.waited) == [0, 1, 2, 3]
+
+
+@pytest.fixture
+def tracker(monkeypatch: pytest.MonkeyPatch) -> progress.Tracker:
+    """Progress reporting on, as under poprun, without the reporter thread."""
+    t = progress.Tracker()
+    monkeypatch.setattr(progress, "tracker", t)
+    monkeypatch.setattr(progress, "_reporter", None)
+    return t
+
+
+def test_under_progress_an_update_s_gradients_are_one_record(tracker: progress.Tracker) -> None:
+    """One group a weight update (issue 33): as many sequence numbers as gradients, one
+    entry naming the first and how many more, all their elements as one flat shape; the
+    gradients go through the backend's own methods, not the per-call wrappers."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    backend = progress.instrument(Loopback(0, {}))
+    reducer = GradientReducer(backend, model.named_parameters(), average=True)
+    for update in (1, 2):
+        reducer.arm()
+        model(torch.ones(2, 3)).sum().backward()
+        reducer.finish()
+        assert (tracker.seq, tracker.done) == (4 * update, 4 * update)
+        assert len(tracker.recent) == update and not tracker.inflight  # no per-call record
+    seq, kind, name, nbytes, shape, dtype, site, _ = tracker.recent[-1]
+    assert (seq, kind, name) == (5, "allreduce", "popdist_torch.grad.0.weight and 3 more")
+    assert (shape, nbytes, dtype) == ((16,), 64, torch.float32) and tracker.bytes_reduced == 128
+    assert site[2] == "test_under_progress_an_update_s_gradients_are_one_record"
+    assert tracker.blocked is None and tracker.wait_s > 0
+    assert len(backend.launched) == 8 and len(backend.waited) == 8
+
+
+class FailingWait(Loopback):
+    def wait(self, handle: int) -> None:
+        raise RuntimeError("Horovod has been shut down")
+
+
+def test_a_failed_gradient_wait_is_the_group_s_failure(
+    tracker: progress.Tracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registered: list[Any] = []
+    monkeypatch.setattr("atexit.register", registered.append)
+    model = nn.Linear(3, 2)
+    reducer = GradientReducer(
+        progress.instrument(FailingWait(0, {})), model.named_parameters(), average=False
+    )
+    reducer.arm()
+    model(torch.ones(2, 3)).sum().backward()
+    with pytest.raises(RuntimeError, match="shut down"):
+        reducer.finish()
+    assert (
+        tracker.failed is not None and tracker.failed[2] == "popdist_torch.grad.weight and 1 more"
+    )
+    assert tracker.failure == "RuntimeError: Horovod has been shut down"
+    assert registered == [progress._end_after_failure] and tracker.blocked is None
+    assert (tracker.seq, tracker.done) == (2, 0)
+
+
+def test_without_progress_the_reducer_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "tracker", None)
+    model = nn.Linear(3, 2)
+    backend = Loopback(0, {})
+    reducer = GradientReducer(backend, model.named_parameters(), average=False)
+    reducer.arm()
+    model(torch.ones(2, 3)).sum().backward()
+    reducer.finish()
+    assert sorted(backend.waited) == [0, 1] and "_progress_plain" not in vars(backend)
 
 
 def test_disarm_stops_the_hooks_until_the_next_arm() -> None:

@@ -341,6 +341,9 @@ def test_the_tracker_counts_issued_and_finished_collectives(
     assert registered == [progress._end_after_failure]  # the instance ends at exit
     progress.step(8, 0.5)
     assert (tracker.steps, tracker.samples) == (1, 8)
+    progress.leave(None)  # an executor call that raised: no step
+    progress.leave(None, 16, 0.25)  # one that returned: a step
+    assert (tracker.steps, tracker.samples, tracker.step_s) == (2, 24, 0.75)
 
 
 def test_nothing_is_counted_unless_poprun_asks(monkeypatch: pytest.MonkeyPatch) -> None:
