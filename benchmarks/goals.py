@@ -603,7 +603,8 @@ def _progress() -> list[Goal]:
         goals.append(Goal(
             f"{title} progress reporting on ≥ {threshold}× off",
             "progress-overhead", at("models", model, "ratio"), threshold, "≥",
-            "{a:.0f} vs {b:.0f} samples/s (median over {n:.0f} on/off rounds within launches)",
+            "{a:.0f} vs {b:.0f} samples/s (median over {n:.0f} on/off rounds within launches, "
+            "steps' 5 %-trimmed means)",
             {"a": md("on"), "b": md("off"),
              "n": lambda d, m=model: len(d["models"][m]["within"]["ratios"])},
             optional=model != "mlp", rounds=listed("models", model, "within", "ratios")))  # fmt: skip

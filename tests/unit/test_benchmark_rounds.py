@@ -10,7 +10,7 @@ import pytest
 from tests.support.jobs import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import charged_ratios, round_ratios, rounds_until_clear
+from _common import charged_ratios, round_ratios, rounds_until_clear, trimmed_mean
 
 pytestmark = pytest.mark.unit
 
@@ -127,3 +127,13 @@ def test_an_ab_round_is_throughput_on_over_off_with_the_threads_share_charged_to
     assert got == [pytest.approx(1 / 1.02), pytest.approx(0.99), pytest.approx(1 / 0.99)]
     with pytest.raises(ValueError):
         charged_ratios([1.0, 1.0], [1.0], [0.0, 0.0])  # rounds that do not pair up
+
+
+def test_a_trimmed_mean_drops_each_tail_and_moves_with_a_cost_on_every_step() -> None:
+    steps = [2.0] * 90 + [1.9] * 5 + [40.0] * 5  # the slowest and fastest 5 %: a spike, a dip
+    assert trimmed_mean(steps) == pytest.approx(2.0)
+    assert trimmed_mean([s + 0.02 for s in steps]) == pytest.approx(2.02)  # 1 % every step
+    assert sum(steps) / len(steps) > 3.8  # the plain mean: the spike's
+    assert trimmed_mean([3.0]) == 3.0 and trimmed_mean([1.0, 5.0], cut=0.5) == 3.0
+    with pytest.raises(ValueError):
+        trimmed_mean([])
