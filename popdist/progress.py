@@ -397,15 +397,6 @@ def leave(
             t.step_s += seconds
 
 
-def step(samples: int, seconds: float) -> None:
-    """One step ran outside an executor call: ``samples`` processed in ``seconds``."""
-    t = tracker
-    if t is not None:
-        t.steps += 1
-        t.samples += samples
-        t.step_s += seconds
-
-
 # -- groups: collectives described once, recorded once per use -----------------------------
 class Group:
     """Collectives a program issues together on every use, described once: the executor's

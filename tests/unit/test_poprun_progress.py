@@ -339,18 +339,16 @@ def test_the_tracker_counts_issued_and_finished_collectives(
     assert tracker.failed is not None and tracker.failed[1] == "barrier"
     assert tracker.failure == "RuntimeError: MPI_ERR_TRUNCATE"
     assert registered == [progress._end_after_failure]  # the instance ends at exit
-    progress.step(8, 0.5)
-    assert (tracker.steps, tracker.samples) == (1, 8)
     progress.leave(None)  # an executor call that raised: no step
     progress.leave(None, 16, 0.25)  # one that returned: a step
-    assert (tracker.steps, tracker.samples, tracker.step_s) == (2, 24, 0.75)
+    assert (tracker.steps, tracker.samples, tracker.step_s) == (1, 16, 0.25)
 
 
 def test_nothing_is_counted_unless_poprun_asks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(progress, "tracker", None)
     backend = FakeBackend()
     assert progress.instrument(backend) is backend and "allreduce_" not in vars(backend)
-    progress.step(8, 0.5)  # no tracker: nothing
+    progress.leave(None, 8, 0.5)  # no tracker: nothing
     assert progress.start_if_asked({}) is False
 
 
