@@ -416,7 +416,7 @@ class Group:
         count = len(tensors)
         self.kind = kind
         self.count = count
-        self.name = names[0] if count == 1 else f"{names[0]} and {count - 1} more"
+        self.name = f"{names[0]} and {count - 1} more" if count > 1 else "".join(names[:1])
         self.nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self.reduced = self.nbytes if kind == "allreduce" else 0  # what the figures count
         self.shape = (sum(t.numel() for t in tensors),)

@@ -68,7 +68,8 @@ class GradientReducer:
         self._params = [(n, p) for n, p in named_parameters if p.requires_grad]
         self._armed = False
         self._handles: dict[str, Handle] = {}
-        # The backend's own methods: this update's gradients are recorded as one group.
+        # The backend's own methods, taken now (not looked up each call): an update's
+        # gradients are recorded as one group, not by the per-call wrappers.
         self._allreduce_async_ = progress.untraced(collectives, "allreduce_async_")
         self._wait = progress.untraced(collectives, "wait")
         self._group = progress.Group(

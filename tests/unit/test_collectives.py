@@ -181,6 +181,15 @@ def test_a_failed_gradient_wait_is_the_group_s_failure(
     assert (tracker.seq, tracker.done) == (2, 0)
 
 
+def test_a_reducer_without_trainable_parameters_records_nothing(tracker: progress.Tracker) -> None:
+    model = nn.Linear(3, 2).requires_grad_(False)
+    reducer = GradientReducer(Loopback(0, {}), model.named_parameters(), average=False)
+    reducer.reduce_all()
+    assert (tracker.seq, tracker.done, len(tracker.recent)) == (0, 0, 0)
+    one = progress.Group("allreduce", ["w"], [torch.zeros(3)])
+    assert (one.name, one.count, one.shape, one.nbytes) == ("w", 1, (3,), 12)
+
+
 def test_without_progress_the_reducer_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(progress, "tracker", None)
     model = nn.Linear(3, 2)
