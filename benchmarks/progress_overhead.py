@@ -14,21 +14,22 @@ order for ``--rounds`` rounds; the ratio on/off is taken within each round, then
 over rounds, so drift in the machine's load cancels.
 
 On this 2-core machine one launch runs up to 15 % faster or slower than the next for reasons
-of its own (where the scheduler puts four busy threads), so the launches alone cannot resolve
-a cost of 2 %. The figure the goal reads is therefore taken *within* launches: poprun starts
-the instances with reporting on, and they switch the per-step tracing (the wrappers on the
-collectives, the executor's gradient group and step count) off and on every ``--block`` steps, at the same step
-on both instances. Within a launch a step's time also wanders by ±10 % over about a second,
-so blocks of seconds (this benchmark's first design) left the pairs 5–10 % apart; blocks of
-two steps cancel that wander, and a round of a few thousand steps then holds its ratio to
-about 1 %. A step's time also has a long tail (the 99th percentile twice the median, now and
-then 20–100 ms) that falls in either half of a round by chance: each half's figure is the
-mean of its steps without the fastest and slowest 5 % (``trimmed_mean``), which a cost paid
-on every step moves as much as the plain mean, and which halves the spread of the rounds;
-the plain means' ratio is reported beside it. The reporter thread runs throughout
-(switching it every two steps would stop it before its first tick): its cost is charged to *on* as its share of the round's time, read
-from its own CPU time. Launches go on (``--max-launches``, ``--budget``) until the median over
-rounds clears the goal by half their IQR (issue 33).
+of its own (where the scheduler puts four busy threads), so the launches alone cannot
+resolve a cost of 2 %. The figure the goal reads is therefore taken *within* launches:
+poprun starts the instances with reporting on, and they switch the per-step tracing (the
+wrappers on the collectives, the executor's gradient group and step count) off and on every
+``--block`` steps, at the same step on both instances. Within a launch a step's time also
+wanders by ±10 % over about a second, so blocks of seconds (this benchmark's first design)
+left the pairs 5–10 % apart; blocks of two steps cancel that wander, and a round of a few
+thousand steps then holds its ratio to about 1 %. A step's time also has a long tail (the
+99th percentile twice the median, now and then 20–100 ms) that falls in either half of a
+round by chance: each half's figure is the mean of its steps without the fastest and slowest
+5 % (``trimmed_mean``), which a cost paid on every step moves as much as the plain mean, and
+which halves the spread of the rounds; the plain means' ratio is reported beside it. The
+reporter thread runs throughout (switching it every two steps would stop it before its first
+tick): its cost is charged to *on* as its share of the round's time, read from its own CPU
+time. Launches go on (``--max-launches``, ``--budget``) until the median over rounds clears
+the goal by half their IQR (issue 33).
 
 A fixed cost a step weighs most on a fast step, so a third case, ``mlp-small`` (784-128-10,
 4 gradients), is a step of a few milliseconds: at
