@@ -447,14 +447,7 @@ def wait_group(group: Group, wait: Callable[[Any], Any], handles: Any) -> None:
             wait(handle)
         return
     t.blocked_since = start = time.monotonic()
-    # _group_call, inline: this runs on every weight update
-    seq = t.seq + 1
-    t.seq = seq + group.count - 1
-    site = t.site or _site_from(sys._getframe(1))
-    t.blocked = call = (seq, group.kind, group.name, group.nbytes, group.shape, group.dtype,
-                        site, start)  # fmt: skip
-    t.recent.append(call)
-    t.bytes_reduced += group.reduced
+    t.blocked = call = _group_call(t, group, t.site or _site_from(sys._getframe(1)), start)
     try:
         for handle in handles:
             wait(handle)

@@ -14,6 +14,8 @@ from typing import Any, NoReturn
 
 import pytest
 
+from popdist import progress
+
 MOVE = "a unit test starts no process: move it to tests/launch or tests/parallel"
 
 
@@ -45,3 +47,12 @@ def no_process(monkeypatch: pytest.MonkeyPatch) -> None:
         if hasattr(os, name):
             monkeypatch.setattr(os, name, _refuse(f"os.{name}"))
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("multiprocessing"))
+
+
+@pytest.fixture
+def tracker(monkeypatch: pytest.MonkeyPatch) -> progress.Tracker:
+    """Progress reporting on, as under poprun, without the reporter thread."""
+    t = progress.Tracker()
+    monkeypatch.setattr(progress, "tracker", t)
+    monkeypatch.setattr(progress, "_reporter", None)
+    return t

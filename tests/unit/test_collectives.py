@@ -125,15 +125,6 @@ def test_reducer_launches_each_gradient_once_when_armed_and_waits_for_all() -> N
     assert sorted(backend.waited) == [0, 1, 2, 3]
 
 
-@pytest.fixture
-def tracker(monkeypatch: pytest.MonkeyPatch) -> progress.Tracker:
-    """Progress reporting on, as under poprun, without the reporter thread."""
-    t = progress.Tracker()
-    monkeypatch.setattr(progress, "tracker", t)
-    monkeypatch.setattr(progress, "_reporter", None)
-    return t
-
-
 def test_under_progress_an_update_s_gradients_are_one_record(tracker: progress.Tracker) -> None:
     """One group a weight update (issue 33): as many sequence numbers as gradients, one
     entry naming the first and how many more, all their elements as one flat shape; the

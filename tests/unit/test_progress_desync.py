@@ -40,14 +40,6 @@ class Backend:
         return obj
 
 
-@pytest.fixture
-def tracker(monkeypatch: pytest.MonkeyPatch) -> progress.Tracker:
-    t = progress.Tracker()
-    monkeypatch.setattr(progress, "tracker", t)
-    monkeypatch.setattr(progress, "_reporter", None)
-    return t
-
-
 def test_the_parameters_broadcast_is_one_call_of_all_their_elements(
     tracker: progress.Tracker,
 ) -> None:
