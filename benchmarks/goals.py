@@ -164,6 +164,10 @@ class Goal:
     missing: str = "not measured"
     #: The figure round by round: their spread decides the margin the figure needs.
     rounds: Rounds | None = None
+    #: A bound every round must keep (a count fixed by design, such as steps recomputed):
+    #: the figure is the worst round, and the goal is met when it passes. A better round
+    #: widens the spread but is no noise to clear.
+    bound: bool = False
 
     def __post_init__(self) -> None:
         if self.threshold is not None and self.direction not in DIRECTIONS:
@@ -232,6 +236,8 @@ def evaluate(goal: Goal, results: Mapping[str, Any]) -> Verdict | None:
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             rounds = []
     width = spread(rounds)
+    if goal.bound and width is not None:
+        value = max(rounds) if goal.direction != "≥" else min(rounds)
     met, room, passed = None, None, False
     if goal.threshold is not None:
         passed = DIRECTIONS[goal.direction](value, goal.threshold)
@@ -240,7 +246,8 @@ def evaluate(goal: Goal, results: Mapping[str, Any]) -> Verdict | None:
         if width is not None:  # the figure (mostly the median of the rounds) beyond half the spread
             room = margin(value, goal.threshold, goal.direction)
         # no spread recorded: no margin can be shown, so the goal is not met
-        met = passed and room is not None and width is not None and room >= width / 2
+        need = 0.0 if goal.bound else (width or 0.0) / 2
+        met = passed and room is not None and width is not None and room >= need
     name = goal.name.format_map(shown)
     return Verdict(goal, name, value, met, detail, width, room, len(rounds), passed)
 
@@ -512,9 +519,9 @@ def _elastic() -> list[Goal]:
                  "≤", "{r:.1f} s after the fault (median)", {"r": f("recovery_s")},
                  optional=True, rounds=after),
             Goal(f"issue 31: h3 {fault}: steps recomputed ≤ 1 (a checkpoint every step)",
-                 "elastic-benchmark", f("recomputed"), 1.0, "≤", "{a:.0f}",
-                 {"a": f("recomputed")}, optional=True,
-                 rounds=_elastic_rounds(fault, "recomputed")),
+                 "elastic-benchmark", f("recomputed"), 1.0, "≤",
+                 "{a:.0f} (median); the figure is the worst round", {"a": f("recomputed")},
+                 optional=True, rounds=_elastic_rounds(fault, "recomputed"), bound=True),
         ]  # fmt: skip
     return goals
 

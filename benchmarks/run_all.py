@@ -427,7 +427,9 @@ def assemble(log: dict[str, dict[str, Any]], total: float | None) -> Path:
         "margin: the figure (for most goals the median of the per-round ratios) clears the "
         "goal by at least half the spread of the per-round figures (their interquartile range "
         "from four rounds, the range below that); a figure on the right side of its goal but "
-        "within that is shown *no (no margin)*." + apart,
+        "within that is shown *no (no margin)*. A bound that holds by design (the steps "
+        "recomputed after a lost host) is judged on its worst round instead: every round "
+        "must keep it." + apart,
         "",
         table(list(goals.HEADER), rows),
         "",

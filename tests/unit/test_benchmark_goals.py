@@ -73,6 +73,18 @@ def test_a_goal_is_met_only_with_a_margin_of_half_the_spread() -> None:
     assert clears([0.5, 0.52], 0.6, "≤") and not clears([0.5, 0.7], 0.6, "≤")
 
 
+def test_a_bound_is_judged_on_its_worst_round_without_a_margin() -> None:
+    # per-round ratios 1.9, 2.0, 2.0, 2.1: every round must keep the bound
+    kept = evaluate(_goal(2.1, "≤", bound=True), RESULTS)
+    broken = evaluate(_goal(2.05, "≤", bound=True), RESULTS)
+    floor = evaluate(_goal(1.9, "≥", bound=True), RESULTS)
+    assert kept is not None and broken is not None and floor is not None
+    assert (kept.value, kept.met) == (pytest.approx(2.1), True)  # at the bound, no spread to clear
+    assert (broken.value, broken.passed, broken.met) == (pytest.approx(2.1), False, False)
+    assert (floor.value, floor.met) == (pytest.approx(1.9), True)
+    assert evaluate(_goal(2.1, "≤", bound=True, rounds=None), RESULTS).met is False  # type: ignore[union-attr]
+
+
 def test_without_per_round_figures_a_goal_cannot_be_met() -> None:
     verdict = evaluate(_goal(1.0, "≥", rounds=None), RESULTS)
     assert verdict is not None and verdict.value == 2.0 and verdict.met is False
