@@ -16,11 +16,19 @@ The cycle is a sleep, and Linux lets a sleeping thread oversleep by its *timer s
 the slack to :data:`TIMER_SLACK_NS` around that call (only there: the caller's own slack is
 restored). Measured with 2 instances on 2 cores: a 1 MB allreduce +13 %, 4 MB +7 %.
 
-Waiting is the other side. ``hvd.synchronize`` polls its handle every 100 ns of requested
-sleep, about 18 000 wake-ups a second, and each one takes the core from the thread that
-moves the data. That is harmless for the few milliseconds most waits last on one host.
-Across hosts an allreduce of 16 MB takes about 15 ms and one of 256 MB 300 ms, and there
-the wake-ups cost up to half the throughput in some runs (two namespace hosts on 2 cores:
+Waiting is the other side. Stock Horovod's ``hvd.synchronize`` yields in a loop until its
+handle is done; this project's build (``scripts/horovod-idle-cycle.patch``) yields for
+``HOROVOD_WAIT_SPIN_US`` (1000 µs when unset), then blocks until the handle is done. Where a
+host's instances have more busy threads than cores (:func:`threads_outnumber_cores`, the
+rule poprun sets ``mpi_yield_when_idle`` by), the yielding caller takes turns on a core with
+the background threads that move the data, a scheduler slice at a time: on 2 cores with 2
+instances a 1 or 4 MB allreduce took about 4 ms in some launches (0.1 to 0.9 ms in others).
+There :meth:`~HorovodCollectives.start` sets ``HOROVOD_WAIT_SPIN_US=0`` unless the user set
+it: the caller blocks at once, and the same allreduces take 0.3 and 0.9 ms in every launch
+(16 MB: 0.96 of raw MPI against 0.91; ``docs/performance.md``, issue 33).
+
+Across hosts an allreduce of 16 MB takes about 15 ms and one of 256 MB 300 ms, and there a
+caller that yields or wakes often costs up to half the throughput in some runs (two namespace hosts on 2 cores:
 16 MB 0.20-1.08 and 256 MB 0.46-1.18 of raw MPI's bandwidth). So when the instances span
 hosts, :meth:`~HorovodCollectives.wait` for an allreduce of :data:`LONG_WAIT_BYTES` or more
 first naps until the handle is done, each nap :data:`NAP_FRACTION` of the time waited so far
@@ -53,10 +61,12 @@ __all__ = [
     "MAX_NAP_S",
     "NAP_FRACTION",
     "TIMER_SLACK_NS",
+    "WAIT_SPIN_VARIABLE",
     "HorovodCollectives",
     "build_info",
     "install_hint",
     "nap_until",
+    "threads_outnumber_cores",
     "unavailable",
 ]
 
@@ -66,6 +76,17 @@ CYCLE_TIME_MS = "0.1"
 #: Timer slack (ns) Horovod's background thread inherits: its cycle sleeps end on time.
 TIMER_SLACK_NS = 1000
 _PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
+
+#: How long our build's ``hvd.synchronize`` yields before it blocks, in µs (1000 unset).
+WAIT_SPIN_VARIABLE = "HOROVOD_WAIT_SPIN_US"
+
+
+def threads_outnumber_cores(local_instances: int) -> bool:
+    """Whether this host's instances have more busy threads (each its own and Horovod's
+    background thread) than they have cores: poprun's rule for ``mpi_yield_when_idle``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return 2 * local_instances > (cores or 1)
+
 
 #: Across hosts, an allreduce of at least this many bytes is waited for with naps.
 LONG_WAIT_BYTES = 4 << 20
@@ -130,7 +151,7 @@ def build_info() -> dict[str, object]:
 
     return {
         # The distribution's version, with its local label: scripts/setup.sh's build
-        # (patched: scripts/horovod-idle-cycle.patch) is 0.28.1+popdist2.
+        # (patched: scripts/horovod-idle-cycle.patch) is 0.28.1+popdist3.
         "version": metadata.version("horovod"),
         "controllers": {"MPI": bool(hvd.mpi_built()), "Gloo": bool(hvd.gloo_built())},
         "operations": {
@@ -194,11 +215,13 @@ class HorovodCollectives(Collectives):
         if self.is_started():
             return
         hvd = _import_horovod()
+        run = read_run()
         os.environ.setdefault("HOROVOD_CYCLE_TIME", CYCLE_TIME_MS)
+        if threads_outnumber_cores(run.num_local_instances):
+            os.environ.setdefault(WAIT_SPIN_VARIABLE, "0")
         with _timer_slack(TIMER_SLACK_NS):
             hvd.init()
         self._hvd = hvd
-        run = read_run()
         across_hosts = run.num_local_instances < run.num_instances
         self._long_wait_bytes = LONG_WAIT_BYTES if across_hosts else None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -312,6 +313,7 @@ def test_horovod_naps_only_when_the_instances_span_hosts(
             return next(self.handles)
 
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "1")  # start() sets it only when unset
+    monkeypatch.setenv(horovod.WAIT_SPIN_VARIABLE, "1000")
     monkeypatch.setattr(horovod, "_import_horovod", FakeHvd)
     monkeypatch.setattr(
         horovod, "read_run", lambda: RunView(num_instances=2, num_local_instances=local)
@@ -323,3 +325,34 @@ def test_horovod_naps_only_when_the_instances_span_hosts(
     big = backend.allreduce_async_(torch.zeros(8 * horovod.LONG_WAIT_BYTES // 4))
     assert below not in backend._long_waits
     assert backend._long_waits == ({at, big} if local == 1 else set())
+
+
+@pytest.mark.parametrize(("local", "cores", "spin"), [(1, 2, None), (2, 2, "0"), (2, 4, None)])
+def test_horovod_blocks_at_once_where_threads_outnumber_cores(
+    monkeypatch: pytest.MonkeyPatch, local: int, cores: int, spin: str | None
+) -> None:
+    from popdist.collectives import horovod
+    from popdist.env import RunView
+
+    seen: dict[str, str | None] = {}
+
+    class FakeHvd:
+        def init(self) -> None:  # what Horovod reads when it starts
+            seen["spin"] = os.environ.get(horovod.WAIT_SPIN_VARIABLE)
+
+        def is_initialized(self) -> bool:
+            return False
+
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "1")
+    monkeypatch.setenv(horovod.WAIT_SPIN_VARIABLE, "")  # recorded, so start()'s value is undone
+    monkeypatch.delenv(horovod.WAIT_SPIN_VARIABLE)
+    monkeypatch.setattr(horovod, "_import_horovod", FakeHvd)
+    monkeypatch.setattr(horovod.os, "sched_getaffinity", lambda _: set(range(cores)))
+    monkeypatch.setattr(
+        horovod, "read_run", lambda: RunView(num_instances=2, num_local_instances=local)
+    )
+    horovod.HorovodCollectives().start()
+    assert seen["spin"] == spin
+    monkeypatch.setenv(horovod.WAIT_SPIN_VARIABLE, "250")  # the user's own value wins
+    horovod.HorovodCollectives().start()
+    assert seen["spin"] == "250"
