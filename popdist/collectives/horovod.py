@@ -24,19 +24,20 @@ rule poprun sets ``mpi_yield_when_idle`` by), the yielding caller takes turns on
 the background threads that move the data, a scheduler slice at a time: on 2 cores with 2
 instances a 1 or 4 MB allreduce took about 4 ms in some launches (0.1 to 0.9 ms in others).
 There :meth:`~HorovodCollectives.start` sets ``HOROVOD_WAIT_SPIN_US=0`` unless the user set
-it: the caller blocks at once, and the same allreduces take 0.3 and 0.9 ms in every launch
-(16 MB: 0.96 of raw MPI against 0.91; ``docs/performance.md``, issue 33).
+it: the caller blocks at once, and the same allreduces take at most 0.35 and 0.9 ms in
+every launch (16 MB: 0.96 of raw MPI, against 0.71 to 0.91; ``docs/performance.md``,
+issue 33).
 
 Across hosts an allreduce of 16 MB takes about 15 ms and one of 256 MB 300 ms, and there a
-caller that yields or wakes often costs up to half the throughput in some runs (two namespace hosts on 2 cores:
-16 MB 0.20-1.08 and 256 MB 0.46-1.18 of raw MPI's bandwidth). So when the instances span
-hosts, :meth:`~HorovodCollectives.wait` for an allreduce of :data:`LONG_WAIT_BYTES` or more
-first naps until the handle is done, each nap :data:`NAP_FRACTION` of the time waited so far
-(at most :data:`MAX_NAP_S`), so a wait overshoots by at most that fraction; then it calls
-``synchronize``, which returns at once (256 MB across hosts: 0.98-1.13 GB/s against raw
-MPI's 1.0). On one host every wait is Horovod's own: there naps cost a 16 MB allreduce 18 %
-and gained nothing at 64 and 256 MB (interleaved A/B rounds of 2 instances of
-``benchmarks/allreduce_worker.py``).
+caller that yields or wakes often costs up to half the throughput in some runs (two
+namespace hosts on 2 cores: 16 MB 0.20-1.08 and 256 MB 0.46-1.18 of raw MPI's bandwidth).
+So when the instances span hosts, :meth:`~HorovodCollectives.wait` for an allreduce of
+:data:`LONG_WAIT_BYTES` or more first naps until the handle is done, each nap
+:data:`NAP_FRACTION` of the time waited so far (at most :data:`MAX_NAP_S`), so a wait
+overshoots by at most that fraction; then it calls ``synchronize``, which returns at once
+(256 MB across hosts: 0.98-1.13 GB/s against raw MPI's 1.0). On one host every wait is
+Horovod's own: there naps cost a 16 MB allreduce 18 % and gained nothing at 64 and 256 MB
+(interleaved A/B rounds of 2 instances of ``benchmarks/allreduce_worker.py``).
 """
 
 from __future__ import annotations
