@@ -246,8 +246,13 @@ def evaluate(goal: Goal, results: Mapping[str, Any]) -> Verdict | None:
         if width is not None:  # the figure (mostly the median of the rounds) beyond half the spread
             room = margin(value, goal.threshold, goal.direction)
         # no spread recorded: no margin can be shown, so the goal is not met
-        need = 0.0 if goal.bound else (width or 0.0) / 2
-        met = passed and room is not None and width is not None and room >= need
+        # a bound needs no margin: every round keeps it (its figure is the worst round)
+        met = (
+            passed
+            and room is not None
+            and width is not None
+            and room >= (0.0 if goal.bound else width / 2)
+        )
     name = goal.name.format_map(shown)
     return Verdict(goal, name, value, met, detail, width, room, len(rounds), passed)
 

@@ -701,10 +701,21 @@ def read_compute_threads(
     local = read_run(environ).num_local_instances
     if local <= 1:
         return None
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
-    return max(1, cores // local)
+    return max(1, local_cores() // local)
+
+
+def local_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def threads_outnumber_cores(local_instances: int, cores: int) -> bool:
+    """Whether a host's instances have more busy threads than ``cores``: each instance its
+    compute thread and Horovod's background thread. poprun sets ``mpi_yield_when_idle`` by
+    it, and the Horovod backend then blocks in its waits at once."""
+    return 2 * local_instances > cores
 
 
 def read_torch_cpu_allreduce(environ: Mapping[str, str] | None = None) -> str:

@@ -18,14 +18,15 @@ restored). Measured with 2 instances on 2 cores: a 1 MB allreduce +13 %, 4 MB +7
 
 Waiting is the other side. Stock Horovod's ``hvd.synchronize`` yields in a loop until its
 handle is done; this project's build (``scripts/horovod-idle-cycle.patch``) yields for
-``HOROVOD_WAIT_SPIN_US`` (1000 µs when unset), then blocks until the handle is done. Where a
-host's instances have more busy threads than cores (:func:`threads_outnumber_cores`, the
-rule poprun sets ``mpi_yield_when_idle`` by), the yielding caller takes turns on a core with
-the background threads that move the data, a scheduler slice at a time: on 2 cores with 2
-instances a 1 or 4 MB allreduce took about 4 ms in some launches (0.1 to 0.9 ms in others).
-There :meth:`~HorovodCollectives.start` sets ``HOROVOD_WAIT_SPIN_US=0`` unless the user set
-it: the caller blocks at once, and the same allreduces take at most 0.35 and 0.9 ms in
-every launch (16 MB: 0.96 of raw MPI, against 0.71 to 0.91; ``docs/performance.md``,
+``HOROVOD_WAIT_SPIN_US`` (1000 µs when unset), then blocks until the handle is done. Where
+a host's instances have more busy threads than cores
+(:func:`popdist.env.threads_outnumber_cores`, the rule poprun sets ``mpi_yield_when_idle``
+by), the yielding caller takes turns on a core with the background threads that move the
+data, a scheduler slice at a time: on 2 cores with 2 instances a 1 or 4 MB allreduce took
+about 4 ms in some launches (0.1 to 0.9 ms in others). There
+:meth:`~HorovodCollectives.start` sets ``HOROVOD_WAIT_SPIN_US=0`` unless the user set it:
+the caller blocks at once, and the same allreduces take at most 0.35 and 0.9 ms in every
+launch (16 MB: 0.96 of raw MPI, against 0.71 to 0.91; ``docs/performance.md``,
 issue 33).
 
 Across hosts an allreduce of 16 MB takes about 15 ms and one of 256 MB 300 ms, and there a
@@ -54,7 +55,7 @@ import torch
 
 from popdist.collectives.base import Collectives, Handle
 from popdist.collectives.errors import CollectiveError
-from popdist.env import read_run
+from popdist.env import local_cores, read_run, threads_outnumber_cores
 
 __all__ = [
     "CYCLE_TIME_MS",
@@ -67,7 +68,6 @@ __all__ = [
     "build_info",
     "install_hint",
     "nap_until",
-    "threads_outnumber_cores",
     "unavailable",
 ]
 
@@ -80,13 +80,6 @@ _PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 
 #: How long our build's ``hvd.synchronize`` yields before it blocks, in µs (1000 unset).
 WAIT_SPIN_VARIABLE = "HOROVOD_WAIT_SPIN_US"
-
-
-def threads_outnumber_cores(local_instances: int) -> bool:
-    """Whether this host's instances have more busy threads (each its own and Horovod's
-    background thread) than they have cores: poprun's rule for ``mpi_yield_when_idle``."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return 2 * local_instances > (cores or 1)
 
 
 #: Across hosts, an allreduce of at least this many bytes is waited for with naps.
@@ -218,7 +211,7 @@ class HorovodCollectives(Collectives):
         hvd = _import_horovod()
         run = read_run()
         os.environ.setdefault("HOROVOD_CYCLE_TIME", CYCLE_TIME_MS)
-        if threads_outnumber_cores(run.num_local_instances):
+        if threads_outnumber_cores(run.num_local_instances, local_cores()):
             os.environ.setdefault(WAIT_SPIN_VARIABLE, "0")
         with _timer_slack(TIMER_SLACK_NS):
             hvd.init()

@@ -83,6 +83,7 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 
+from popdist.env import threads_outnumber_cores
 from poprun.config.run_config import RunConfig
 from poprun.errors import PoprunError
 from poprun.plan.environment import instance_values, shared_values
@@ -158,7 +159,7 @@ def _poprun_mca(
             wanted += ALLREDUCE_MCA  # the user's own collective tuning wins as a whole
     # Remote hosts are assumed to have as many cores as this one (as for NUMA nodes).
     per_host = max(plan.num_local_instances for plan in topology.instances)
-    if 2 * per_host > local_cpus:
+    if threads_outnumber_cores(per_host, local_cpus):
         wanted.append(YIELD_MCA)
     # Inside an srun step, mpirun's own srun shares the step's resources; with --min-hosts,
     # the job launched again after a lost node too: the lost node's step never completes,
