@@ -17,9 +17,9 @@ VENV="$ROOT/.venv"
 TORCH_VERSION="2.13.0"
 HOROVOD_VERSION="0.28.1"
 # Our build of Horovod carries scripts/horovod-idle-cycle.patch; its wheel's version says so
-# (0.28.1+popdist4) and a change to the patch takes a new label, so that a cached or
+# (0.28.1+popdist3) and a change to the patch takes a new label, so that a cached or
 # installed wheel without it is rebuilt.
-HOROVOD_LOCAL="popdist4"
+HOROVOD_LOCAL="popdist3"
 CACHE_ROOT="${POPDIST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/popdist}"
 
 log() { printf '[setup] %s\n' "$*"; }

@@ -145,7 +145,7 @@ def build_info() -> dict[str, object]:
 
     return {
         # The distribution's version, with its local label: scripts/setup.sh's build
-        # (patched: scripts/horovod-idle-cycle.patch) is 0.28.1+popdist4.
+        # (patched: scripts/horovod-idle-cycle.patch) is 0.28.1+popdist3.
         "version": metadata.version("horovod"),
         "controllers": {"MPI": bool(hvd.mpi_built()), "Gloo": bool(hvd.gloo_built())},
         "operations": {
