@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from popdist.env import local_cores
 from poprun import log
 from poprun.errors import EXIT_USAGE, PoprunError
 
@@ -84,7 +85,7 @@ def _run(
         mpirun=mpirun,
         forwarded=forwarded_names(environ),
         is_root=os.geteuid() == 0,
-        local_cpus=len(os.sched_getaffinity(0)),
+        local_cpus=local_cores(),
         numactl=numactl,
         user_mca=mca_from_environment(environ),
         device_pool=pool,
