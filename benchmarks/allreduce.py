@@ -8,12 +8,19 @@ round every backend's job is launched at once and the jobs take turns, a block o
 numpy ``c = a + b`` on the same sizes gives this machine's memory-bandwidth reference.
 Reports algbw = S/t and busbw = algbw·2(n-1)/n (nccl-tests' definitions).
 
-The page size of the buffer matters as much as the path: numpy asks the kernel for 2 MB
-pages on large arrays (``madvise(MADV_HUGEPAGE)``), torch's allocator does not unless
-``THP_MEM_ALLOC_ENABLE=1``, and Open MPI's shared-memory copy of a 16 MB buffer runs
-about 1.6x faster on 2 MB pages. So each path is compared on both kinds of memory: raw
-MPI on a torch-allocated buffer (4 KB pages, where gradients live) and on a numpy array
-(2 MB pages), the gradient path as it runs and with ``THP_MEM_ALLOC_ENABLE=1``.
+The page size of the buffer matters as much as the path: Open MPI's shared-memory copy
+(CMA) walks the source one page at a time, and a 16 MB buffer runs about twice as fast on
+2 MB pages. poprun's allocator defaults back glibc's heap, where torch's allocator takes a
+gradient from, with 2 MB pages (``glibc.malloc.hugetlb=1``, ``poprun.plan.environment``).
+So each path is compared on three kinds of memory:
+
+- *4 KB pages*: a buffer from torch's allocator on glibc's 4 KB heap (the cases force
+  ``glibc.malloc.hugetlb=0``: a user who opts out, or a kernel without huge pages);
+- *2 MB pages*: raw MPI on a numpy array (numpy advises huge pages for large arrays) and the
+  gradient path with ``THP_MEM_ALLOC_ENABLE=1`` (torch's allocator advises them), also on
+  ``hugetlb=0``, as the goal rows have measured them since issue 7;
+- *poprun's default*: both on torch's allocator over glibc's heap on 2 MB pages, as a job
+  gets it (``-default`` cases, no allocator variable of the benchmark's own).
 
 With ``--baseline DIR`` (the packages at an earlier commit) a ``horovod (before)`` backend
 times that version's gradient path in the same rounds (launched alone: its worker takes no
@@ -38,9 +45,15 @@ from _turns import TurnJob, block_ratio, block_times, take_turns, worker_lines
 from goals import clears
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
-BACKENDS = ["horovod", "mpi4py", "horovod-2mb", "mpi4py-numpy", "gloo", "memory"]
+BACKENDS = [
+    "horovod", "mpi4py", "horovod-2mb", "mpi4py-numpy", "horovod-default", "mpi4py-default",
+    "gloo", "memory",
+]  # fmt: skip
 #: Variables that change what is measured; cleared so that the caller's shell cannot skew it.
-_CLEARED = ("THP_MEM_ALLOC_ENABLE", "NUMPY_MADVISE_HUGEPAGE", "OMP_NUM_THREADS")
+_CLEARED = ("THP_MEM_ALLOC_ENABLE", "NUMPY_MADVISE_HUGEPAGE", "OMP_NUM_THREADS", "GLIBC_TUNABLES")
+#: Every case but the ``-default`` ones keeps glibc's heap on 4 KB pages (poprun still gives
+#: them its malloc thresholds: the hugetlb tunable alone is not a choice of thresholds).
+_SMALL_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
 RANKS = 2
 #: The goal (issue 7): the gradient path ≥ 0.9× raw MPI from 16 MB.
 GOAL, GOAL_FROM = 0.9, 16 << 20
@@ -56,8 +69,12 @@ def _launch(
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_")) and k not in _CLEARED
+        if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_", "MALLOC_")) and k not in _CLEARED
     }
+    if backend.endswith("-default"):
+        backend = backend.removesuffix("-default")  # poprun's allocator defaults, as they are
+    else:
+        env.update(_SMALL_PAGES)
     cwd, worker = ROOT, WORKER
     if backend == "horovod (before)":
         # The before column runs the earlier commit's own worker: this one imports modules
@@ -118,7 +135,7 @@ def main() -> None:
     samples: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     blocks: dict[str, dict[int, list[list[float]]]] = defaultdict(lambda: defaultdict(list))
 
-    def settled() -> bool:  # every goal size clears 0.9 with margin, on both kinds of memory
+    def settled() -> bool:  # every goal size clears 0.9 with margin, on both goals' memory
         return all(
             clears(_paired(blocks[a][size], blocks[b][size]), GOAL, "≥")
             for size in sizes
@@ -166,6 +183,7 @@ def main() -> None:
         paired = {
             "4k_pages": _paired(blocks["horovod"][size], blocks["mpi4py"][size]),
             "2m_pages": _paired(blocks["horovod-2mb"][size], blocks["mpi4py-numpy"][size]),
+            "default": _paired(blocks["horovod-default"][size], blocks["mpi4py-default"][size]),
         }
         results[size]["ratio"] = {k: statistics.median(v) for k, v in paired.items()}
         results[size]["ratio_range"] = {k: [min(v), max(v)] for k, v in paired.items()}
@@ -176,11 +194,14 @@ def main() -> None:
                 human(size),
                 *(
                     f"{algbw[b]:.2f} / {algbw[b] * busfactor:.2f}"
-                    for b in ("horovod", "mpi4py", "horovod-2mb", "mpi4py-numpy", "gloo")
+                    for b in BACKENDS
+                    if b != "memory"
                 ),
                 f"{algbw['memory']:.2f}",
                 f"**{results[size]['ratio']['4k_pages']:.2f}**",
                 f"**{results[size]['ratio']['2m_pages']:.2f}**",
+                f"{results[size]['ratio']['default']:.2f}",
+                f"{med['horovod'] / med['horovod-default']:.2f}×",
                 f"{100 * algbw['horovod-2mb'] / algbw['memory']:.0f}%",
                 *([f"{algbw['horovod (before)']:.2f}"] if "horovod (before)" in algbw else []),
             ]
@@ -191,9 +212,13 @@ def main() -> None:
         f"backend's job runs at once and they take turns, {BLOCKS} blocks of calls per size "
         "each (`benchmarks/_turns.py`); a figure is the slowest rank's median per block, "
         "then the median over blocks. algbw / busbw in GB/s (busbw = algbw·2(n-1)/n; "
-        "for 2 ranks they are equal). Each path on both kinds of memory: *4 KB pages* is a buffer "
-        "from torch's allocator as gradients get it; *2 MB pages* is a numpy array (numpy advises "
-        "huge pages for large arrays) for raw MPI and `THP_MEM_ALLOC_ENABLE=1` for the gradient path. "
+        "for 2 ranks they are equal). Each path on three kinds of memory: *4 KB pages* is a "
+        "buffer from torch's allocator on glibc's heap with `glibc.malloc.hugetlb=0`; *2 MB "
+        "pages* is a numpy array (numpy advises huge pages for large arrays) for raw MPI and "
+        "`THP_MEM_ALLOC_ENABLE=1` for the gradient path (also `hugetlb=0`: the goals' memory "
+        "since issue 7); *default* is torch's allocator on glibc's heap on 2 MB pages, as "
+        "poprun's allocator defaults give every job (`glibc.malloc.hugetlb=1`); *default "
+        "speed-up* is the gradient path's time on 4 KB pages over its time on the default. "
         "`memory` is numpy `c = a + b` over the same size in one process (GB/s of S): the "
         "memory-bandwidth reference. The goal (gradient path ≥ 0.9× raw MPI from 16 MB) is the "
         "ratio on the same memory, taken per pair of blocks timed next to each other, the "
@@ -206,10 +231,14 @@ def main() -> None:
                 "mpi4py Allreduce, 4 KB pages",
                 "gradient path, 2 MB pages",
                 "mpi4py Allreduce, 2 MB pages",
+                "gradient path, default",
+                "mpi4py Allreduce, default",
                 "torch gloo",
                 "numpy a+b",
                 "path / MPI, 4 KB",
                 "path / MPI, 2 MB",
+                "path / MPI, default",
+                "default speed-up",
                 "path (2 MB) % of a+b",
                 *(["gradient path before"] if "horovod (before)" in backends else []),
             ],
@@ -234,6 +263,8 @@ def _plot(sizes: list[int], results: dict[int, dict[str, dict[str, float]]]) -> 
         ("mpi4py", "mpi4py Allreduce, 4 KB pages"),
         ("horovod-2mb", "gradient path, 2 MB pages"),
         ("mpi4py-numpy", "mpi4py Allreduce, 2 MB pages"),
+        ("horovod-default", "gradient path, poprun's default (heap on 2 MB pages)"),
+        ("mpi4py-default", "mpi4py Allreduce, poprun's default"),
         ("gloo", "torch gloo"),
         ("memory", "numpy a+b (memory)"),
     ):

@@ -20,7 +20,7 @@ compute thread per process:
 Each launch warms up, then times ``--iters`` iterations of ``--batches`` steps and reports
 the median of the global samples/s (rank 0's clock; every step ends in a collective, so
 the ranks run in lockstep), and rank 0's minor page faults per step. Every case starts from glibc's default malloc (any ``MALLOC_*``
-of the caller's is dropped). Cases run in rotating order for ``--rounds`` rounds; tables
+or ``GLIBC_TUNABLES`` of the caller's is dropped). Cases run in rotating order for ``--rounds`` rounds; tables
 show the median over rounds and its spread; a ratio is taken within each round, then the
 median over rounds, so drift in the machine's load cancels. Scaling efficiency = thr(2) /
 (2 thr(1)) of the same framework. Writes docs/training-throughput.{md,json,png}.
@@ -369,13 +369,15 @@ def main() -> None:
         )
         keys.append("popdist-2x1-before")
     argvs = {f"{m}/{k}": _argv(k, m, timing) for m in models for k in keys}
-    from poprun.plan.environment import ALLOCATOR_DEFAULTS
+    from poprun.plan.environment import allocator_defaults
+
+    same_allocator = allocator_defaults({})  # what poprun adds for an environment without any
 
     faults: dict[str, list[float]] = {name: [] for name in argvs}
 
     def case(name: str, argv: list[str]) -> Callable[[], float]:
         baseline = args.baseline if "before" in name else None
-        extra = ALLOCATOR_DEFAULTS if name.endswith(SAME_ALLOCATOR) else None
+        extra = same_allocator if name.endswith(SAME_ALLOCATOR) else None
 
         def launch() -> float:
             rate, per_step = _launch(argv, baseline, extra)

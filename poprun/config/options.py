@@ -410,7 +410,8 @@ OPTIONS: tuple[Option, ...] = (
     _yes_no("allow_run_as_root", "let mpirun run as root"),
     _yes_no(
         "use_default_allocator",
-        "leave glibc malloc at its defaults (poprun keeps freed memory in each instance)",
+        "leave glibc malloc at its defaults (poprun keeps freed memory in each instance and "
+        "backs its heap with 2 MB pages)",
     ),
     _yes_no(
         "ssh_check",

@@ -73,7 +73,11 @@ def main() -> None:
     for step in range(steps):
         if phase == "full" and step == N:  # mid-run, as a training script checkpoints
             save_checkpoint(
-                directory / "ckpt.pt", model=training, optimizer=optimizer, step=N, dataloader=loader
+                directory / "ckpt.pt",
+                model=training,
+                optimizer=optimizer,
+                step=N,
+                dataloader=loader,
             )
             torch.save(model.state_dict(), directory / f"first.{popdist.getInstanceIndex()}.pt")
         x, y = next(stream)

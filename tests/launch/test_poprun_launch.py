@@ -75,6 +75,31 @@ def test_instances_keep_freed_memory_instead_of_faulting_it_in_again(
             assert faults < 100 and "trim=1073741824" in line, line
 
 
+@pytest.mark.parametrize("default_allocator", [False, True])
+def test_instances_get_huge_pages_for_their_heap(
+    default_allocator: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    mode = thp.read_text().split("[")[1].split("]")[0] if thp.exists() else "never"
+    if mode == "never":
+        pytest.skip("the kernel's transparent huge pages are off")
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    option = ["--use-default-allocator"] if default_allocator else []
+    result = poprun(
+        *option, "--num-instances", "2", "--num-replicas", "2", PY, str(BIN / "huge_pages.py")
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "huge_kb=" in line]
+    assert len(lines) == 2, result.stdout
+    for line in lines:
+        huge_kb = int(line.split("huge_kb=")[1].split()[0])
+        if not default_allocator:  # at least half of the 16 MiB on 2 MB pages
+            assert huge_kb >= 8 << 10 and "glibc.malloc.hugetlb=1" in line, line
+        elif mode == "madvise":  # only what a program asks for gets them
+            assert huge_kb == 0 and "tunables=-" in line, line
+
+
 @pytest.mark.parametrize("own_choice", [False, True])
 def test_a_large_allreduce_does_not_fault_its_buffer_in_on_every_call(
     own_choice: bool, monkeypatch: pytest.MonkeyPatch
@@ -83,6 +108,9 @@ def test_a_large_allreduce_does_not_fault_its_buffer_in_on_every_call(
         monkeypatch.delenv(name, raising=False)
     # A coll* parameter of the user's own: poprun leaves Open MPI's allreduce choice alone.
     env = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"} if own_choice else {}
+    # On 4 KB pages (a mapping on 2 MB pages takes 512 times fewer faults) with poprun's
+    # thresholds: glibc's hugetlb tunable alone leaves the rest of the defaults in place.
+    env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=0"
     script = str(BIN / "allreduce_faults.py")
     result = poprun("--num-instances", "2", "--num-replicas", "2", PY, script, env=env)
     assert result.returncode == 0, result.stderr

@@ -133,9 +133,10 @@ def test_instances_keep_freed_memory_unless_told_not_to(
     for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
         monkeypatch.delenv(name, raising=False)
     tuned = _dry(capsys, *BASE).split()
-    for name in ALLOCATOR_DEFAULTS:
+    for name in [*ALLOCATOR_DEFAULTS, "GLIBC_TUNABLES"]:
         assert tuned[tuned.index(name) - 1] == "-x"  # forwarded to every instance, by name
     assert "MALLOC_" not in _dry(capsys, *BASE, "--use-default-allocator")
+    assert "GLIBC_TUNABLES" not in _dry(capsys, *BASE, "--use-default-allocator")
     assert "MALLOC_" not in _dry(capsys, *BASE, "--use-default-allocator", "yes")
     assert "MALLOC_MMAP" in _dry(capsys, *BASE, "--use-default-allocator", "no")
 
@@ -149,20 +150,32 @@ def test_allocator_option_round_trips_through_the_config_file(
     assert "MALLOC_" not in _dry(capsys, "--import-config", str(path))
 
 
+HUGE = "glibc.malloc.hugetlb=1"
+
+
 @pytest.mark.parametrize(
-    ("environ", "tuned"),
+    ("environ", "thresholds", "tunables"),
     [
-        ({}, True),
-        ({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"}, True),  # not about malloc
-        ({"MALLOC_ARENA_MAX": "2"}, False),  # any MALLOC_* is the user's choice
-        ({"MALLOC_TRIM_THRESHOLD_": "131072"}, False),
-        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, False),
+        ({}, True, HUGE),
+        # not about malloc: kept, huge pages appended
+        ({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"}, True, f"glibc.cpu.hwcaps=-AVX512F:{HUGE}"),
+        ({"MALLOC_ARENA_MAX": "2"}, False, HUGE),  # any MALLOC_* is the user's choice
+        ({"MALLOC_TRIM_THRESHOLD_": "131072"}, False, HUGE),
+        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, False, f"glibc.malloc.trim_threshold=0:{HUGE}"),
+        # 4 KB pages asked for: the thresholds still come, the user's word on pages stands
+        ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, True, "glibc.malloc.hugetlb=0"),
+        ({"GLIBC_TUNABLES": "glibc.mem.tagging=0:glibc.malloc.hugetlb=2"}, True, None),
     ],
-)
-def test_the_users_allocator_choice_wins(environ: dict[str, str], tuned: bool) -> None:
+)  # fmt: skip
+def test_the_users_allocator_choice_wins(
+    environ: dict[str, str], thresholds: bool, tunables: str | None
+) -> None:
     got = with_allocator_defaults(RunConfig(program=("p",)), {"PATH": "/bin", **environ})
-    assert {k: got[k] for k in environ} == environ
-    assert all((got.get(name) == value) == tuned for name, value in ALLOCATOR_DEFAULTS.items())
+    assert {k: got[k] for k in environ if k != "GLIBC_TUNABLES"} == {
+        k: v for k, v in environ.items() if k != "GLIBC_TUNABLES"
+    }
+    assert all((got.get(name) == value) == thresholds for name, value in ALLOCATOR_DEFAULTS.items())
+    assert got["GLIBC_TUNABLES"] == (tunables or environ["GLIBC_TUNABLES"])
     off = with_allocator_defaults(RunConfig(program=("p",), use_default_allocator=True), {})
     assert off == {}
 
