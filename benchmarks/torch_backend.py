@@ -8,7 +8,8 @@ over rounds):
 - the executor's gradient path (``GradientReducer`` over one parameter of the size, 2
   poprun instances) with ``--backend torch`` (CPU buckets over its MPI lane, the default)
   against the same path with ``--backend horovod`` and against raw mpi4py ``MPI.Allreduce``
-  on torch's memory, at 16-256 MB (``benchmarks/allreduce_worker.py``); the torch backend
+  on torch's memory (under poprun's allocator defaults, as a job has it: glibc's heap on
+  2 MB pages), at 16-256 MB (``benchmarks/allreduce_worker.py``); the torch backend
   with ``POPDIST_TORCH_CPU_ALLREDUCE=gloo`` (gloo over TCP) is shown beside them. In a
   round every path's job runs at once and they take turns block by block
   (``benchmarks/_turns.py``);
@@ -43,7 +44,7 @@ PATHS = ("torch", "torch-gloo", "horovod", "mpi4py")
 #: Blocks per size and round: each path's blocks alternate with the others' (issue 33).
 BLOCKS = 5
 TRAINING = ("popdist-2x1-torch", "ddp-2", "popdist-2x1")
-_CLEARED = ("THP_MEM_ALLOC_ENABLE", "NUMPY_MADVISE_HUGEPAGE", "OMP_NUM_THREADS")
+_CLEARED = ("THP_MEM_ALLOC_ENABLE", "NUMPY_MADVISE_HUGEPAGE", "OMP_NUM_THREADS", "GLIBC_TUNABLES")
 
 
 def _job(path: str, sizes: list[int]) -> TurnJob:
@@ -51,7 +52,8 @@ def _job(path: str, sizes: list[int]) -> TurnJob:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_", "POPDIST_")) and k not in _CLEARED
+        if not k.startswith(("OMPI_", "PMIX_", "HOROVOD_", "POPDIST_", "MALLOC_"))
+        and k not in _CLEARED
     }
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -125,7 +127,8 @@ def _allreduce(
         "torch / MPI (≥ 0.9)",
     ]
     text = (
-        "algbw in GB/s, 2 instances, float32 sum in place, 4 KB pages (torch's allocator); "
+        "algbw in GB/s, 2 instances, float32 sum in place, on torch's allocator as a poprun job "
+        "gets it (poprun's allocator defaults: glibc's heap on 2 MB pages); "
         f"{ran} rounds (at least {rounds}, more until both goals clear 0.9 with margin: the "
         "median per-round ratio beyond 0.9 by half the IQR). In a round the four paths' jobs "
         f"run at once and take turns, {BLOCKS} blocks of calls per size each "
