@@ -54,21 +54,29 @@ def test_popdist_view_of_eight_replicas_on_four_instances(tmp_path: Path) -> Non
         assert view["from_poprun"] is True
 
 
+def _allocator_figures(
+    script: str, key: str, default_allocator: bool, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[int, str]]:
+    """Run ``script`` as 2 instances from an environment without malloc settings (with
+    ``--use-default-allocator`` or not): each instance's integer after ``key``, and its line."""
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    option = ["--use-default-allocator"] if default_allocator else []
+    result = poprun(*option, "--num-instances", "2", "--num-replicas", "2", PY, str(BIN / script))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if key in line]
+    assert len(lines) == 2, result.stdout
+    return [(int(line.split(key)[1].split()[0]), line) for line in lines]
+
+
 @pytest.mark.parametrize("default_allocator", [False, True])
 def test_instances_keep_freed_memory_instead_of_faulting_it_in_again(
     default_allocator: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
-        monkeypatch.delenv(name, raising=False)
-    option = ["--use-default-allocator"] if default_allocator else []
-    result = poprun(
-        *option, "--num-instances", "2", "--num-replicas", "2", PY, str(BIN / "allocator_faults.py")
+    figures = _allocator_figures(
+        "allocator_faults.py", "faults_per_step=", default_allocator, monkeypatch
     )
-    assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stdout.splitlines() if "faults_per_step=" in line]
-    assert len(lines) == 2, result.stdout
-    for line in lines:
-        faults = int(line.split("faults_per_step=")[1].split()[0])
+    for faults, line in figures:
         if default_allocator:  # glibc trims the freed 16 MiB and faults it in again: ~4000
             assert faults > 1000 and "trim=-" in line, line
         else:
@@ -83,17 +91,8 @@ def test_instances_get_huge_pages_for_their_heap(
     mode = thp.read_text().split("[")[1].split("]")[0] if thp.exists() else "never"
     if mode == "never":
         pytest.skip("the kernel's transparent huge pages are off")
-    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
-        monkeypatch.delenv(name, raising=False)
-    option = ["--use-default-allocator"] if default_allocator else []
-    result = poprun(
-        *option, "--num-instances", "2", "--num-replicas", "2", PY, str(BIN / "huge_pages.py")
-    )
-    assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stdout.splitlines() if "huge_kb=" in line]
-    assert len(lines) == 2, result.stdout
-    for line in lines:
-        huge_kb = int(line.split("huge_kb=")[1].split()[0])
+    figures = _allocator_figures("huge_pages.py", "huge_kb=", default_allocator, monkeypatch)
+    for huge_kb, line in figures:
         if not default_allocator:  # at least half of the 16 MiB on 2 MB pages
             assert huge_kb >= 8 << 10 and "glibc.malloc.hugetlb=1" in line, line
         elif mode == "madvise":  # only what a program asks for gets them
