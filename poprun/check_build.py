@@ -42,7 +42,9 @@ def _first_line(argv: list[str], *, stderr: bool = False) -> str | None:
 
 
 def host_facts(environ: Mapping[str, str]) -> dict[str, Any]:
-    """What poprun sees itself: mpirun, the Slurm job around it, the ssh client."""
+    """What poprun sees itself: mpirun, the Slurm job around it, the ssh client, the fabric."""
+    from poprun.plan.fabric import local_devices
+
     path = environ.get("PATH", os.defpath)
     mpirun = shutil.which("mpirun", path=path)
     ssh = shutil.which("ssh", path=path)
@@ -57,6 +59,7 @@ def host_facts(environ: Mapping[str, str]) -> dict[str, Any]:
         "slurm": slurm,
         "ssh": ssh,
         "ssh_version": _first_line([ssh, "-V"], stderr=True) if ssh else None,
+        "fabric": local_devices(),
     }
 
 
@@ -141,7 +144,8 @@ def _backends(probe: Mapping[str, Any], problems: list[str]) -> list[str]:
 
 
 def _surroundings(probe: Mapping[str, Any], host: Mapping[str, Any]) -> list[str]:
-    """The GPUs, the Slurm job, the ssh client, and what each optional feature lacks."""
+    """The GPUs, the Slurm job, the ssh client, the fabric, and what each optional feature
+    lacks."""
     gpus = probe.get("torch", {}).get("gpus") or []
     slurm = host["slurm"]
     where = f"job {slurm['job']} on {slurm['nodes']}" if slurm else "none around poprun"
@@ -150,6 +154,12 @@ def _surroundings(probe: Mapping[str, Any], host: Mapping[str, Any]) -> list[str
         f"ssh client: {host['ssh_version'] or 'unknown version'} ({host['ssh']})"
         if host["ssh"]
         else "ssh client: none on PATH (needed only for hosts other than this one)"
+    )
+    fabric = host.get("fabric") or []
+    lines.append(
+        f"fabric: {', '.join(fabric)} (Open MPI picks it for jobs across hosts)"
+        if fabric
+        else "fabric: none (jobs across hosts, this one among them, take Open MPI's TCP path)"
     )
     missing = probe.get("missing", {})
     if missing:

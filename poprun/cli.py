@@ -18,7 +18,7 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from popdist.env import local_cores
@@ -65,8 +65,8 @@ def _run(
     from poprun.config import config_file
     from poprun.config.options import option_name, parse_bool
     from poprun.plan.devices import check_pool, device_pool
-    from poprun.plan.environment import forwarded_names, mpirun_environment, with_allocator_defaults
-    from poprun.plan.mpirun import build_argv, find_mpirun, mca_from_environment, quote
+    from poprun.plan.environment import mpirun_environment, with_allocator_defaults
+    from poprun.plan.mpirun import find_mpirun, quote
     from poprun.plan.topology import on_hosts, render
 
     environ = dict(os.environ if environ is None else environ)
@@ -80,16 +80,7 @@ def _run(
     topology, numactl = _plan(config, environ)
     pool = device_pool(environ)
     check_pool(topology, pool)
-    argv_for = functools.partial(
-        build_argv,
-        mpirun=mpirun,
-        forwarded=forwarded_names(environ),
-        is_root=os.geteuid() == 0,
-        local_cpus=local_cores(),
-        numactl=numactl,
-        user_mca=mca_from_environment(environ),
-        device_pool=pool,
-    )
+    argv_for = _argv_builder(mpirun, environ, numactl, pool, topology.explicit_hosts)
     argv = argv_for(config, topology)
     if config.vipu:
         names = ", ".join(option_name(k) for k, _ in config.vipu)
@@ -115,6 +106,31 @@ def _run(
 
     env = mpirun_environment(config, environ)
     return _launch(config, topology, argv, env, inbox, replan)
+
+
+def _argv_builder(
+    mpirun: str,
+    environ: Mapping[str, str],
+    numactl: str | None,
+    pool: Sequence[str] | None,
+    explicit_hosts: bool,
+) -> Callable[[RunConfig, Topology], list[str]]:
+    """``build_argv`` given all it reads from this machine (a plan on fewer hosts reuses it)."""
+    from poprun.plan.environment import forwarded_names
+    from poprun.plan.fabric import local_devices
+    from poprun.plan.mpirun import build_argv, mca_from_environment
+
+    return functools.partial(
+        build_argv,
+        mpirun=mpirun,
+        forwarded=forwarded_names(environ),
+        is_root=os.geteuid() == 0,
+        local_cpus=local_cores(),
+        numactl=numactl,
+        user_mca=mca_from_environment(environ),
+        device_pool=pool,
+        fabric_here=bool(local_devices()) if explicit_hosts else True,
+    )
 
 
 def _launch(

@@ -4,6 +4,7 @@ Shape::
 
     mpirun --tag-output --bind-to none [--allow-run-as-root] [--oversubscribe]
            [--mca pml ob1 --mca btl self,vader,tcp]      (one host, unless the user chose)
+           [--mca pml ob1]                               (hosts, among them this one, no fabric)
            [--mca coll_tuned_use_dynamic_rules 1
             --mca coll_tuned_dynamic_rules_filename R]   (one host, unless the user chose coll*)
            [--mca mpi_yield_when_idle 1]                 (threads outnumber a host's cores)
@@ -52,8 +53,16 @@ On one host, poprun pins Open MPI to shared memory (``pml ob1``, ``btl self,vade
 Open MPI's default selection probes UCX and libfabric first, which costs about 0.2 s in
 every ``MPI_Init`` (so in every ``popdist.init()``) and gains nothing without a fabric
 (``benchmarks/launchers.py`` measures it). A choice the user made, by ``--mca`` in the
-mpirun args or ``OMPI_MCA_<name>`` in the environment, is left alone; runs with explicit
-hosts keep Open MPI's defaults, which pick the fabric.
+mpirun args or ``OMPI_MCA_<name>`` in the environment, is left alone.
+
+Across hosts, poprun names ``pml ob1`` (Open MPI's TCP path; its ``btl`` choice stays
+Open MPI's) when this host is one of the job's and has no fabric device
+(:mod:`poprun.plan.fabric`): that is where Open MPI's own selection ends, 0.2 s later, and
+data between this host and the others can only go over TCP anyway. A job on hosts that have
+a fabric (seen from here), or launched from a host outside the job (a login node tells
+nothing of the compute nodes), keeps Open MPI's selection, which finds the fabric. Measured
+on two namespace hosts (``benchmarks/multihost.py``): a launch with ``popdist.init()`` takes
+1.38 s against bare mpirun's 1.57 s (``MPI_Init`` 0.24 s shorter).
 
 On one host, poprun also gives Open MPI's tuned collectives :data:`ALLREDUCE_RULES`: an
 allreduce of 32 MiB or more runs as a segmented ring with 1 MiB segments. Open MPI's own
@@ -120,6 +129,8 @@ REMOTE_WRAPPER: tuple[str, ...] = (
 _BINDING_FLAGS = frozenset({"--bind-to", "-bind-to"})
 #: Open MPI selections for a single-host run (see the module docstring).
 SINGLE_HOST_MCA: tuple[tuple[str, str], ...] = (("pml", "ob1"), ("btl", "self,vader,tcp"))
+#: ... and across hosts without a fabric, this one among them.
+TCP_HOSTS_MCA: tuple[str, str] = ("pml", "ob1")
 #: Open MPI's allreduce for large messages on one host (see the module docstring).
 ALLREDUCE_RULES = os.path.join(os.path.dirname(__file__), "allreduce.rules")
 ALLREDUCE_MCA: tuple[tuple[str, str], ...] = (
@@ -147,7 +158,11 @@ def find_mpirun(environ: Mapping[str, str]) -> str:
 
 
 def _poprun_mca(
-    config: RunConfig, topology: Topology, chosen: frozenset[str], local_cpus: int
+    config: RunConfig,
+    topology: Topology,
+    chosen: frozenset[str],
+    local_cpus: int,
+    fabric_here: bool,
 ) -> list[str]:
     """poprun's own ``--mca`` settings, less those the user chose (``chosen`` or local args)."""
     for plan in topology.instances:
@@ -157,6 +172,8 @@ def _poprun_mca(
         wanted += SINGLE_HOST_MCA
         if not any(name.startswith("coll") for name in chosen):
             wanted += ALLREDUCE_MCA  # the user's own collective tuning wins as a whole
+    elif not fabric_here and any(is_local(host) for host in topology.hosts):
+        wanted.append(TCP_HOSTS_MCA)
     # Remote hosts are assumed to have as many cores as this one (as for NUMA nodes).
     per_host = max(plan.num_local_instances for plan in topology.instances)
     if threads_outnumber_cores(per_host, local_cpus):
@@ -189,12 +206,14 @@ def build_argv(
     numactl: str | None = None,
     user_mca: frozenset[str] = frozenset(),
     device_pool: Sequence[str] | None = None,
+    fabric_here: bool = True,
 ) -> list[str]:
     """The exact mpirun argv for this run (golden-tested).
 
     ``user_mca`` names the MCA parameters the user set in the environment
     (``OMPI_MCA_<name>``); poprun's single-host defaults never override them.
     ``device_pool`` is the user's ``CUDA_VISIBLE_DEVICES`` (:mod:`poprun.plan.devices`).
+    ``fabric_here``: whether this host has a fabric device (:mod:`poprun.plan.fabric`).
     """
     user_global = config.global_args()
     argv = [mpirun, "--tag-output"]
@@ -207,7 +226,8 @@ def build_argv(
     ):
         # -H host:k contexts carry their own slot counts, except in a Slurm job (above)
         argv.append("--oversubscribe")
-    argv += _poprun_mca(config, topology, user_mca | _mca_names(user_global), local_cpus)
+    chosen = user_mca | _mca_names(user_global)
+    argv += _poprun_mca(config, topology, chosen, local_cpus, fabric_here)
     argv += user_global
     # Open MPI 4.1 applies a -x placed before the first app context to that context only:
     # the names go into every context, or instances on other hosts miss them.

@@ -15,6 +15,7 @@ HOST = {
     "slurm": None,
     "ssh": "/usr/bin/ssh",
     "ssh_version": "OpenSSH_9.2p1",
+    "fabric": [],
 }
 TORCH = {"version": "2.13.0+cpu", "distributed": True, "gloo": True, "mpi": False,
          "nccl": False, "cuda": None, "gpus": []}  # fmt: skip
@@ -44,6 +45,9 @@ def test_without_horovod_a_job_can_run_on_the_torch_backend() -> None:
     assert "--backend auto takes: torch" in text
     assert "horovod (the horovod backend): missing horovod" in text
     assert "Slurm: none around poprun" in text and "GPUs torch sees: none" in text
+    assert "fabric: none (jobs across hosts, this one among them, take Open MPI's TCP path)" in text
+    lines, _ = render(_probe(), HOST | {"fabric": ["mlx5_0", "mlx5_1"]})
+    assert "fabric: mlx5_0, mlx5_1 (Open MPI picks it for jobs across hosts)" in lines
 
 
 def test_horovod_shows_its_controllers_and_tensor_operations() -> None:

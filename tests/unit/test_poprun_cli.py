@@ -249,3 +249,17 @@ def test_a_time_out_longer_than_the_timers_limit_is_accepted(
 ) -> None:
     """24.8 days is epoll's longest single wait, not the user's limit: poprun waits in steps."""
     assert main(["--timeout", seconds, "--dry-run=yes", "true"]) == 0, capsys.readouterr().err
+
+
+def test_a_job_across_hosts_takes_the_tcp_path_when_this_host_has_no_fabric(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from poprun.plan import fabric
+
+    monkeypatch.setattr(fabric, "DEVICE_CLASSES", (str(tmp_path),))
+    monkeypatch.setattr(fabric, "DEVICE_FILES", ())
+    hosts = ["--num-replicas=2", "--num-instances=2", "-H", "localhost,node1"]
+    assert "--mca pml ob1 " in _dry(capsys, *hosts)
+    assert "--mca pml" not in _dry(capsys, *hosts[:2], "-H", "node0,node1")  # launched outside
+    (tmp_path / "mlx5_0").mkdir()
+    assert "--mca pml" not in _dry(capsys, *hosts)  # a fabric here: Open MPI's own choice

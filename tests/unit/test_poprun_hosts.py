@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from poprun.plan.fabric import local_devices
 from poprun.plan.hosts import is_local, local_addresses
 
 pytestmark = pytest.mark.unit
@@ -54,3 +55,15 @@ def test_an_allocation_is_one_more_host_source() -> None:
 
     source: HostSource = Allocation()
     assert source.hosts() == ("c1", "c2")
+
+
+def test_fabric_devices_are_read_from_the_kernels_classes(tmp_path: Path) -> None:
+    assert local_devices(str(tmp_path)) == []  # no class at all: no driver, no fabric
+    (tmp_path / "sys/class/infiniband").mkdir(parents=True)
+    assert local_devices(str(tmp_path)) == []  # a driver loaded with no device
+    for name in ("mlx5_1", "mlx5_0"):
+        (tmp_path / "sys/class/infiniband" / name).mkdir()
+    (tmp_path / "sys/class/cxi/cxi0").mkdir(parents=True)
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kgni0").touch()
+    assert local_devices(str(tmp_path)) == ["mlx5_0", "mlx5_1", "cxi0", "kgni0"]

@@ -233,6 +233,28 @@ def test_placement_on_and_off(placement: str) -> None:
         assert tails == [["/bin/true"]] * 4
 
 
+@pytest.mark.parametrize(
+    ("hosts", "fabric_here", "user", "tcp"),
+    [
+        ("localhost,node1", False, {}, True),  # this host is in the job and has no fabric
+        ("localhost,node1", True, {}, False),  # a fabric here: Open MPI finds it
+        ("node0,node1", False, {}, False),  # launched from outside the job: nothing known
+        ("localhost,node1", False, {"user_mca": frozenset({"pml"})}, False),  # OMPI_MCA_pml
+    ],
+)
+def test_hosts_without_a_fabric_take_the_tcp_path_directly(
+    hosts: str, fabric_here: bool, user: dict[str, object], tcp: bool
+) -> None:
+    config = _config(num_replicas="2", num_instances="2", host=[hosts])
+    argv = _argv(config, local_cpus=4, fabric_here=fabric_here, **user)
+    assert (argv[4:7] == ["--mca", "pml", "ob1"]) is tcp
+    assert "pml" not in argv[7:] and "btl" not in argv  # the btl choice stays Open MPI's
+    chosen = _config(num_replicas="2", num_instances="2", host=[hosts],
+                     mpi_global_args=["--mca pml ucx"])  # fmt: skip
+    argv = _argv(chosen, local_cpus=4, fabric_here=fabric_here)
+    assert argv.count("pml") == 1 and argv[argv.index("pml") + 1] == "ucx"
+
+
 def test_user_binding_replaces_the_default() -> None:
     argv = _argv(_config(mpi_global_args=["--bind-to core"]))
     assert argv[:16] == ["mpirun", "--tag-output", *SHM, "--bind-to", "core"]
