@@ -4,8 +4,9 @@ In the spirit of ``horovodrun --check-build`` and ``python -m torch.utils.collec
 versions of poprun, torch, Open MPI (the ``mpirun`` on PATH) and mpi4py with the MPI library
 it was built against; the collectives backends (Horovod with its controllers and tensor
 operations, torch.distributed's gloo, MPI and NCCL) and the one ``--backend auto`` would take;
-the GPUs torch sees; the Slurm job around poprun and the ssh client; and the packages each
-optional feature still needs. poprun never imports torch: the interpreter's side is
+the GPUs torch sees; the Slurm job around poprun, the ssh client and the fabric devices
+(:mod:`poprun.plan.fabric`); and the packages each optional feature still needs. poprun
+never imports torch: the interpreter's side is
 :mod:`popdist.installation`, run in a child of this interpreter (``sys.executable``, the one
 ``poprun`` was installed into). Exit 0 when a job can run here, else 1 with the reasons.
 """
