@@ -6,9 +6,8 @@ it was built against; the collectives backends (Horovod with its controllers and
 operations, torch.distributed's gloo, MPI and NCCL) and the one ``--backend auto`` would take;
 the GPUs torch sees; the Slurm job around poprun, the ssh client and the fabric devices
 (:mod:`poprun.plan.fabric`); and the packages each optional feature still needs. poprun
-never imports torch: the interpreter's side is
-:mod:`popdist.installation`, run in a child of this interpreter (``sys.executable``, the one
-``poprun`` was installed into). Exit 0 when a job can run here, else 1 with the reasons.
+never imports torch: the interpreter's side is :mod:`popdist.installation`, run in a child of
+this interpreter (``sys.executable``, the one ``poprun`` was installed into). Exit 0 when a job can run here, else 1 with the reasons.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _run(
     topology, numactl = _plan(config, environ)
     pool = device_pool(environ)
     check_pool(topology, pool)
-    argv_for = _argv_builder(mpirun, environ, numactl, pool, topology.explicit_hosts)
+    argv_for = _argv_builder(mpirun, environ, numactl, pool)
     argv = argv_for(config, topology)
     if config.vipu:
         names = ", ".join(option_name(k) for k, _ in config.vipu)
@@ -113,7 +113,6 @@ def _argv_builder(
     environ: Mapping[str, str],
     numactl: str | None,
     pool: Sequence[str] | None,
-    explicit_hosts: bool,
 ) -> Callable[[RunConfig, Topology], list[str]]:
     """``build_argv`` given all it reads from this machine (a plan on fewer hosts reuses it)."""
     from poprun.plan.environment import forwarded_names
@@ -129,7 +128,7 @@ def _argv_builder(
         numactl=numactl,
         user_mca=mca_from_environment(environ),
         device_pool=pool,
-        fabric_here=bool(local_devices()) if explicit_hosts else True,
+        fabric_here=bool(local_devices()),
     )
 
 
