@@ -150,6 +150,8 @@ def _watch_g1(directory: Path, run: Run, seen: list[float]) -> None:
         time.sleep(0.02)
 
 
+#: The start of poprun's line that names the lost host (its fourth word).
+LOST_LINE = "poprun: lost host "
 #: The phases of a recovery, in order: (name, how it is read).
 PHASES = (
     ("named", "poprun's line naming h3"),
@@ -220,6 +222,9 @@ def one(hosts: Hosts, fault: str, launcher: str, argv: list[str], cap: float) ->
         if launcher.startswith(ELASTIC):
             named = run.first("lost host h3")
             out["detection_s"] = None if named is None else named - fault_at
+            lost = [line.split()[3] for _, line in run.lines if line.startswith(LOST_LINE)]
+            out["lost"] = lost[0] if lost else None  # h3, never a healthy host (issue 51)
+            out["named_right"] = 1.0 if lost[:1] == ["h3"] else 0.0
             out["recovery_s"] = seen[0] - fault_at if seen else None
             out["recomputed"] = _recomputed(directory)
             out["phases"] = _phases(directory, run, fault_wall)
@@ -307,7 +312,7 @@ def _summarise(results: dict[str, dict[str, list[dict[str, object]]]]) -> dict[s
         row: dict[str, object] = {}
         for launcher, runs in by_launcher.items():
             entry: dict[str, object] = {"runs": runs, "codes": [r.get("code") for r in runs]}
-            for key in ("detection_s", "recovery_s", "ended_s", "recomputed"):
+            for key in ("detection_s", "recovery_s", "ended_s", "recomputed", "named_right"):
                 values = [float(r[key]) for r in runs if r.get(key) is not None]  # type: ignore[arg-type]
                 if values:
                     entry[key] = _spread(values)
@@ -337,16 +342,17 @@ def _render(summary: dict[str, object], args: argparse.Namespace) -> str:
         f"Rounds: {args.rounds} for poprun --min-hosts 2, {args.anchor_rounds} for each anchor; "
         f"anchors killed after {args.cap:g} s. Median (min–max).",
         "",
-        "| fault | detection | recovery | steps recomputed | exit codes | today's poprun "
-        "--max-restarts 2: ended after, exit | mpirun: ended after, exit |",
-        "|---|---|---|---|---|---|---|",
+        "| fault | detection | recovery | steps recomputed | host named | exit codes | "
+        "today's poprun --max-restarts 2: ended after, exit | mpirun: ended after, exit |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     faults = summary["faults"]
     assert isinstance(faults, dict)
     for fault, row in faults.items():
         ours = row.get(ELASTIC, {})
         cells = [fault, _fmt(ours, "detection_s"), _fmt(ours, "recovery_s"),
-                 _fmt(ours, "recomputed", ""), ", ".join(map(str, ours.get("codes", [])))]  # fmt: skip
+                 _fmt(ours, "recomputed", ""), _named(ours),
+                 ", ".join(map(str, ours.get("codes", [])))]  # fmt: skip
         for anchor in ("today's poprun --max-restarts 2", "mpirun"):
             entry = row.get(anchor)
             if entry is None:
@@ -356,6 +362,17 @@ def _render(summary: dict[str, object], args: argparse.Namespace) -> str:
             cells.append(f"{_fmt(entry, 'ended_s')}, {codes}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + _render_phases(summary)
+
+
+def _named(entry: dict[str, object]) -> str:
+    """Which host each round's lost-host line named: ``h3 in 3 of 3`` (else the others)."""
+    runs = entry.get("runs")
+    if not isinstance(runs, list) or not runs:
+        return "—"
+    named = [r.get("lost") for r in runs if isinstance(r, dict)]
+    right = sum(1 for host in named if host == "h3")
+    wrong = sorted({str(host) for host in named if host != "h3"})
+    return f"h3 in {right} of {len(named)}" + (f" (else {', '.join(wrong)})" if wrong else "")
 
 
 def _render_phases(summary: dict[str, object]) -> str:

@@ -33,8 +33,10 @@ An instance on another host gets :data:`REMOTE_WRAPPER` instead: poprun sees nei
 nor its exit, and mpirun does not always say how it ended (across hosts it leaves out the box
 naming a process that fails right at the start, about one run in four). That wrapper runs the
 program as its foreground child (a nested ``sh`` reports the pid and execs it, so the pid is
-the program's), then writes :data:`EXIT_MARKER` and the status (``Popen`` style: the exit code,
-or ``-N`` for signal N) as the last line of the instance's stderr, and ends the same way
+the program's), then writes :data:`EXIT_MARKER`, the status (``Popen`` style: the exit code,
+or ``-N`` for signal N) and when it saw the program end (``date +%s.%N``: which instance
+failed first is told by when, not by which record reached poprun first,
+:mod:`poprun.run.membership.blame`) as the last line of the instance's stderr, and ends the same way
 (it re-raises the signal on itself), so mpirun's view is unchanged. Open MPI's daemon signals
 each instance's process group (``odls_base_signal_direct_children_only`` is false by
 default), so its SIGTERM and SIGKILL reach the program; the wrapper only traps HUP, INT and
@@ -116,7 +118,7 @@ EXIT_MARKER = b"\x1fpoprun-exit="
 _KILLED = "129|13?|14[0-4]|15[2-57-9]"
 _REPORT_EXIT = (
     f"s=$?; r=$s; case $s in {_KILLED}) r=-$((s - 128));; esac; "
-    'printf "\\037poprun-exit=%d\\n" "$r" >&3; '
+    'printf "\\037poprun-exit=%d %s\\n" "$r" "$(date +%s.%N)" >&3; '
     'trap - HUP INT TERM; case $r in -*) kill "$r" "$$";; esac; exit "$s"'
 )
 REMOTE_WRAPPER: tuple[str, ...] = (

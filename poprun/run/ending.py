@@ -122,6 +122,8 @@ class Evidence(NamedTuple):
     mpirun_pid: int | None = None
     #: The hang or desync verdict the supervisor printed (:mod:`poprun.run.progress`).
     diagnosis: str = ""
+    #: The hosts Open MPI's peer reports name as gone, in order (mpirun's text).
+    peers: tuple[str, ...] = ()
 
 
 class _Attempt:
@@ -136,6 +138,8 @@ class _Attempt:
         self.exited_at_abort: tuple[int, ...] | None = None
         self.reports: list[tuple[int, ExitRecord]] = []
         self.reports_at_abort: int | None = None
+        #: How many had arrived when poprun itself began killing (what ends later is its doing).
+        self.reports_at_kill: int | None = None
         self.returncode: int | None = None
         self.launch_error: str | None = None
         self.timed_out = self.instances_killed = self.escalated = False
@@ -292,7 +296,7 @@ class EndingPolicy:
                 Action(Do.TIME_OUT, f"--timeout={self.timeout:g} expired: ending the job")
             )
         if now.kill_at is not None and t >= now.kill_at and now.returncode is None:
-            actions.append(self._escalate(t))
+            actions.append(_escalate(self, t))
         if now.started and now.returncode is None:
             actions += _lost_actions(self, t) + _hang_actions(self, t)
         if now.drain_until is not None and t >= now.drain_until:
@@ -345,6 +349,9 @@ class EndingPolicy:
         code, report = decide(result)
         if now.hung or now.desynced:
             code, report = verdict.diagnosed(code, report, evidence.diagnosis, hung=now.hung)
+        note = _blame(self, evidence)
+        if note:
+            report = f"{report}\n{note}" if report else note
         ended_by_poprun = (
             bool(now.signals)
             or now.timed_out
@@ -372,24 +379,6 @@ class EndingPolicy:
 
     # --- inside -------------------------------------------------------------------------
 
-    def _escalate(self, t: float) -> Action:
-        """Past the grace period: first the instances (mpirun then reports and exits by
-        itself, in well under a second), then mpirun too."""
-        now = self.now
-        now.escalated = True
-        if now.instances_killed:
-            now.kill_at = None
-            now.mpirun_killed = True
-            return Action(
-                Do.KILL_MPIRUN,
-                "the job did not end in time: sending SIGKILL to mpirun and its instances",
-            )
-        now.instances_killed = True
-        now.kill_at = t + MPIRUN_GRACE_S
-        return Action(
-            Do.KILL_INSTANCES, "the job did not end in time: sending SIGKILL to the instances"
-        )
-
     def _maybe_stop_reading(self) -> list[Action]:
         now = self.now
         if now.returncode is None or now.streams_open or not now.reading:
@@ -400,6 +389,42 @@ class EndingPolicy:
     @staticmethod
     def _sooner(current: float | None, candidate: float) -> float:
         return candidate if current is None else min(current, candidate)
+
+
+def _escalate(policy: EndingPolicy, t: float) -> Action:
+    """Past the grace period: first the instances (mpirun then reports and exits by
+    itself, in well under a second), then mpirun too."""
+    now = policy.now
+    now.escalated = True
+    if now.reports_at_kill is None:
+        now.reports_at_kill = len(now.reports)
+    if now.instances_killed:
+        now.kill_at = None
+        now.mpirun_killed = True
+        return Action(
+            Do.KILL_MPIRUN,
+            "the job did not end in time: sending SIGKILL to mpirun and its instances",
+        )
+    now.instances_killed = True
+    now.kill_at = t + MPIRUN_GRACE_S
+    return Action(
+        Do.KILL_INSTANCES, "the job did not end in time: sending SIGKILL to the instances"
+    )
+
+
+def _blame(policy: EndingPolicy, evidence: Evidence) -> str:
+    """A job across hosts (``--min-hosts``) that failed by itself, with no host lost yet:
+    the membership judges whose failure came first, from every exit record (mpirun's
+    teardown among them: told apart by how they ended, not by when they arrived), and
+    loses that host where its instances were killed; a line when it cannot tell."""
+    now, membership = policy.now, policy.membership
+    ended_by_poprun = now.signals or now.timed_out or now.hung or now.desynced or now.lost
+    if membership is None or ended_by_poprun or policy.time_limit.noticed or now.readmitting:
+        return ""
+    if now.returncode in (0, None):
+        return ""
+    records = now.reports[: now.reports_at_kill]  # later ones: poprun's own kill
+    return membership.blame(records, mpirun_failure=evidence.mpirun_failure, peers=evidence.peers)
 
 
 def _unprovoked(now: _Attempt) -> bool:

@@ -26,6 +26,12 @@ _EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)"
 _SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 _IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on\s+node \S+ exiting improperly")
 _ABORTING = ("Primary job  terminated normally", "Primary job terminated normally")
+#: The wrapper's status line after its marker: the status, then when the program ended.
+_EXIT_LINE = re.compile(rb"(-?\d{1,3})(?: +(\S*))?")
+_SECONDS = re.compile(rb"\d{1,12}(?:\.\d{1,9})?")
+#: Open MPI's report from a live process whose peer vanished (help-mpi-btl-tcp.txt).
+_PEER_GONE = "peer process has unexpectedly disconnected"
+_PEER_HOST = re.compile(r"Peer host:\s*(\S+)")
 _BOX = "-" * 20
 #: mpirun's echo of a signal it forwards to the job (poprun's save-now notice, SIGUSR1):
 #: poprun says so itself, so the echo is not shown.
@@ -108,17 +114,21 @@ class ExitRecord(NamedTuple):
 
     #: ``Popen`` style: the exit code, or ``-N`` when signal N killed the program.
     returncode: int
+    #: When the wrapper saw the program end (wall-clock seconds on its host), if it said.
+    ended_at: float | None = None
 
     @classmethod
     def from_line(cls, line: bytes) -> ExitRecord | None:
         """The record a marked stderr line carries; None when ``line`` is not a record."""
         if not line.startswith(EXIT_MARKER):
             return None
-        text = line[len(EXIT_MARKER) :].strip()
-        if not re.fullmatch(rb"-?\d{1,3}", text):
+        match = _EXIT_LINE.fullmatch(line[len(EXIT_MARKER) :].strip())
+        if match is None:
             return None
-        returncode = int(text)
-        return cls(returncode) if -64 <= returncode <= 255 else None
+        returncode = int(match.group(1))
+        when = match.group(2)  # not a time (a date without %N): the status still counts
+        at = float(when) if when and _SECONDS.fullmatch(when) else None
+        return cls(returncode, at) if -64 <= returncode <= 255 else None
 
     @property
     def failed(self) -> bool:
@@ -142,6 +152,8 @@ class MpirunMessages:
 
     def __init__(self) -> None:
         self.failure: Failure | None = None
+        #: The hosts Open MPI's peer reports name as the one whose process vanished, in order.
+        self.peers: list[str] = []
         self.aborting = False
         self.other: list[str] = []
         self._box: list[str] | None = None
@@ -160,6 +172,7 @@ class MpirunMessages:
         if stripped.startswith(_BOX) and set(stripped) == {"-"}:
             text = "\n".join(self._box)
             self._box = None
+            self._note_peer(text)
             if self._classify(text):
                 return []
             self.other.append(text)
@@ -175,6 +188,13 @@ class MpirunMessages:
             if not self._classify(text):
                 return [text]
         return []
+
+    def _note_peer(self, text: str) -> None:
+        """Open MPI's report that a peer vanished: the host it names (the text is shown)."""
+        if _PEER_GONE in text:
+            match = _PEER_HOST.search(text)
+            if match is not None:
+                self.peers.append(match.group(1))
 
     def _classify(self, text: str) -> bool:
         """Record failure information; True when ``text`` is one of mpirun's failure notes."""

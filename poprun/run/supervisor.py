@@ -32,7 +32,6 @@ from poprun.errors import EXIT_HOSTS_LOST, PoprunError
 from poprun.plan.hosts import is_local
 from poprun.plan.topology import Topology
 from poprun.run.ending import Action, Do, Ending, EndingPolicy, Evidence
-from poprun.run.evidence import ExitRecord
 from poprun.run.launch import Launch
 from poprun.run.output.fifos import DirectOutput
 from poprun.run.output.router import JobOutput
@@ -104,7 +103,7 @@ def supervise(
                 _show(status, attempt)
             evidence = attempt.run()
             if watch is not None and config.min_hosts is not None:
-                _judge_hosts(policy, watch, topology, evidence)
+                _judge_hosts(policy, watch)
             if watch is not None:
                 watch.stop_probes()  # none outlives its attempt
             ending = policy.ending(evidence)
@@ -227,28 +226,15 @@ def _generation(env: Mapping[str, str], policy: EndingPolicy) -> dict[str, str]:
     return {**env, contract.GENERATION: str(policy.membership.generation)}
 
 
-def _judge_hosts(
-    policy: EndingPolicy, watch: HostWatch, topology: Topology, evidence: Evidence
-) -> None:
-    """After an attempt that failed by itself (``--min-hosts``): which hosts are lost? Those
-    that do not answer, and one whose instances were all killed by a signal and which holds
-    the first failure (something there kills the job: launching there again would not help)."""
+def _judge_hosts(policy: EndingPolicy, watch: HostWatch) -> None:
+    """After an attempt that failed by itself (``--min-hosts``): every member not heard from
+    or answering since the failure is asked now, so a host that does not answer explains
+    the failure. Whose failure came first otherwise is the policy's to judge, from the whole
+    attempt's evidence (:meth:`EndingPolicy.ending`)."""
     now = policy.now
     if now.signals or now.timed_out or now.lost or now.returncode in (0, None):
         return
-    watch.probe_now(watch.membership.unasked())  # those asked since the abort answered
-    if watch.membership.losses:  # a host that does not answer explains the failure
-        return
-    hosts = {plan.index: plan.host for plan in topology.instances}
-    before = now.reports[: now.reports_at_abort] if now.reports_at_abort else now.reports
-    failed = [(i, r) for i, r in before if r.failed]  # not those mpirun then ended
-    if not failed:
-        return
-    first_host = hosts.get(failed[0][0])
-    on_host = [plan.index for plan in topology.instances if plan.host == first_host]
-    ended = dict(failed)
-    if first_host is not None and all(ended.get(i, ExitRecord(0)).returncode < 0 for i in on_host):
-        watch.membership.killed(first_host, [-ended[i].returncode for i in on_host])
+    watch.probe_now(watch.membership.unasked())
 
 
 def _send(pid: int, signum: int) -> None:
@@ -324,6 +310,7 @@ class Supervisor:
             remote=tuple(p.index for p in self.topology.instances if not is_local(p.host)),
             mpirun_pid=self.procs.mpirun_pid,
             diagnosis=self.progress.diagnosis,
+            peers=tuple(self.output.messages.peers),
         )
 
     def _launch_and_watch(self, launch: Launch) -> None:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIME_LIMIT, EXIT_TIMEOUT
 from poprun.run.evidence import ErrorRecord, ExitRecord, Failure
+from poprun.run.membership.blame import End, first_failure
 
 
 class InstanceResult(NamedTuple):
@@ -201,12 +202,14 @@ def root_cause(result: RunResult) -> Failure | None:
     when another ended first: under Horovod an exception on one instance shuts the others
     down, and those may exit before it. Of several that raised, one whose exception only
     echoes a peer's failure (:func:`echoes_a_peer`) comes after the others. Otherwise
-    mpirun's own note names the instance; without it, the first instance on another host
-    whose exit record says it failed (:func:`reported_failure`); else the last local instance
-    to end before the abort, with mpirun's status as its code.
+    mpirun's own note names the instance; without it, the remote instance that how (and when)
+    the remote instances ended names as the first (:func:`first_by_ends`), else the first
+    instance on another host whose exit record says it failed (:func:`reported_failure`);
+    else the last local instance to end before the abort, with mpirun's status as its code.
     """
     failure = (
         result.mpirun_failure
+        or first_by_ends(result)
         or reported_failure(result, certain_only=True)
         or _last_before_abort(result)
         or reported_failure(result)
@@ -226,6 +229,19 @@ def root_cause(result: RunResult) -> Failure | None:
             return Failure(first, exit_code=code if 0 < code <= 128 else 1)
         return Failure(first, failure.exit_code, failure.signal, failure.status_known)
     return failure
+
+
+def first_by_ends(result: RunResult) -> Failure | None:
+    """The remote instance whose end came first by the evidence of the ends themselves (an own
+    signal against mpirun's SIGTERMs, the end times: :func:`~poprun.run.membership.blame.first_failure`),
+    whatever order the records arrived in; None when they cannot tell."""
+    hosts = {instance.index: instance.host for instance in result.instances}
+    records = dict(result.exit_records)
+    ends = [End(i, hosts[i], r.returncode, r.ended_at) for i, r in records.items() if i in hosts]
+    first = first_failure(ends, hosts)
+    if first.instance is None or first.instance not in records:
+        return None
+    return records[first.instance].failure(first.instance)
 
 
 def reported_failure(result: RunResult, *, certain_only: bool = False) -> Failure | None:

@@ -17,6 +17,10 @@ the file (:mod:`popdist_torch.host_copies`); the resume takes the newest copy an
 job resumed on another topology (fewer instances, more replicas each) must find the same data
 order: the DataLoader's position is topology-invariant.
 
+``ELASTIC_SELF_SIGNAL=INSTANCE:STEP:SIGNUM`` in the environment: that instance sends itself
+signal SIGNUM (``os.kill``) once it logged step STEP, in generation 0 only (a program that
+crashes by itself, as a SIGSEGV does).
+
 Phases: each instance writes ``DIR/phases/<instance>.g<generation>``, one ``NAME WALL_TIME``
 line per moment of its start (its launcher's start: Open MPI's daemon, or mpirun on the
 launch host; its own process; its imports; ``popdist.init()``; the resume; its first step),
@@ -96,6 +100,7 @@ def main() -> None:
     pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.3
     ckpt = Path(sys.argv[4]) if len(sys.argv) > 4 else directory / "ckpt.pt"
     generation = int(os.environ.get("POPDIST_GENERATION", "0") or 0)
+    self_signal = [int(v) for v in os.environ.get("ELASTIC_SELF_SIGNAL", "").split(":") if v]
     popdist.init()
     PHASES.append(("init", time.time()))
     torch.manual_seed(0)
@@ -129,6 +134,8 @@ def main() -> None:
         step += 1
         log.write(f"{step} {generation} {','.join(map(str, index.tolist()))}\n")
         log.flush()
+        if generation == 0 and self_signal[:2] == [instance, step]:
+            os.kill(os.getpid(), self_signal[2])
         if step == start + 1:
             PHASES.append(("step", time.time()))
             write_phases(directory, instance, generation)

@@ -39,11 +39,11 @@ EXACT = ["--deterministic-reduction"]
 class Job:
     """poprun started on h1 in its own session; each output line with its arrival time."""
 
-    def __init__(self, hosts: Hosts, *args: str) -> None:
+    def __init__(self, hosts: Hosts, *args: str, **extra: str) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             hosts.on("h1", poprun_argv(*args), cwd=str(ROOT)),
-            env=hosts.env(job_env()),
+            env=hosts.env(job_env(**extra)),
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -174,6 +174,8 @@ def lost_host_run(
     assert named is not None, job.text
     assert named - fault_at <= DETECT_S, f"named {named - fault_at:.1f} s after the fault"
     assert "launching the job again on h1, h2 (generation 1)" in job.text
+    if fault == "killed":  # the first failure, not mpirun's SIGTERM to h2's instance
+        assert "lost host h3 (instance 2 killed by SIGKILL first; " in job.text, job.text
     assert job.text.count("<stdout>:OK ") == 2, job.text
     assert "left behind" not in job.text  # mpirun's own ssh connections are no leftovers
     assert "the job is hung" not in job.text  # the hang verdict (a note may come first)
@@ -187,6 +189,46 @@ def lost_host_run(
     if gone_at is not None:
         assert gone_at - fault_at <= FENCE_S, f"the cut instance lived {gone_at - fault_at:.1f} s"
         assert log.read_text() == logged  # it trained (and saved) nothing after the cut
+
+
+STEPS_PROGRAM = [sys.executable, str(ROOT / "tests" / "bin" / "mpi_steps.py")]
+BLAME_ROUNDS, BLAME_AFTER = 5, 3
+
+
+@pytest.mark.parametrize(("host", "how"), [("h3", "SIGKILL"), ("h2", "SIGKILL"), ("h3", "SIGSEGV")])
+def test_the_host_of_the_first_failure_is_lost_not_the_first_to_report(
+    clean_hosts: Hosts, tmp_path: Path, host: str, how: str
+) -> None:
+    """Issue 51: only the program of ``host``'s instance dies (SIGKILL from outside, or a
+    SIGSEGV it sends itself); mpirun then ends the other instances with SIGTERM, whose
+    records may reach poprun first. In each of five rounds poprun names ``host``, the
+    instance and the signal, the job goes on on the other two hosts and ends well, and
+    nothing is left behind. (A light MPI program in steps: the teardown and its records are
+    Open MPI's whatever the program computes; ``test_a_lost_host_costs_nothing`` kills a
+    training the same way.)"""
+    instance = int(host[1:]) - 1
+    other = "h2" if host == "h3" else "h3"
+    rest = ", ".join(h for h in ("h1", "h2", "h3") if h != host)
+    want = (
+        f"poprun: lost host {host} (instance {instance} killed by {how} first; {other}'s "
+        f"instance was ended by mpirun): launching the job again on {rest} (generation 1)"
+    )
+    signum = int(signal.Signals[how])
+    self_signal = {} if how == "SIGKILL" else {"ELASTIC_SELF_SIGNAL": f"{instance}:3:{signum}"}
+    for round_ in range(BLAME_ROUNDS):
+        directory = tmp_path / str(round_)
+        directory.mkdir()
+        job = Job(clean_hosts, *LAUNCH, "--min-hosts", "2", *STEPS_PROGRAM, str(directory),
+                  "40", **self_signal)  # fmt: skip
+        if how == "SIGKILL":
+            wait_for_step(job, directory / "log" / f"{instance}.g0", BLAME_AFTER)
+            for pid in clean_hosts.processes(host, "mpi_steps.py"):
+                if b"poprun-instance" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+        assert job.wait() == 0, job.text
+        assert want in job.text, f"round {round_}: {job.text}"
+        assert job.text.count("<stdout>:OK ") == 2, job.text
+        assert clean_hosts.wait_clean(within=10.0) == {}, f"round {round_}"
 
 
 def test_without_a_shared_file_system_instance_0s_host_lost_resumes_from_a_survivor(
@@ -304,4 +346,6 @@ def test_a_host_lost_during_start_up_is_noticed(
     named = job.first("lost host h3")
     assert named is not None and named - cut_at <= DETECT_S, job.text
     assert "launching the job again on h1, h2 (generation 1)" in job.text
+    if fault == "killed":  # the first failure, not mpirun's SIGTERM to h2's instance
+        assert "lost host h3 (instance 2 killed by SIGKILL first; " in job.text, job.text
     assert job.text.count("<stdout>:OK ") == 2, job.text

@@ -18,7 +18,7 @@ from poprun.run.ending import (
     EndingPolicy,
     Evidence,
 )
-from poprun.run.evidence import ExitRecord
+from poprun.run.evidence import ExitRecord, Failure
 from poprun.run.membership.members import (
     MAX_LOSSES,
     PROBE_EVERY_S,
@@ -100,10 +100,10 @@ def test_the_launch_host_is_never_lost() -> None:
 def test_relaunch_on_the_rest_with_a_new_generation() -> None:
     clock = Clock()
     m = _members(clock, min_hosts=2)
-    m.killed("h3", [9])
+    m.lose("h3", "no answer")
     following = m.relaunch()
     assert following.hosts == ("h1", "h2") and following.generation == 1
-    assert "lost host h3 (its instances were killed (SIGKILL))" in following.line
+    assert "lost host h3 (no answer)" in following.line
     assert m.members == ("h1", "h2") and m.watched() == ("h2",)
     m.launched()
     clock.advance(SILENT_S)
@@ -210,18 +210,28 @@ def _placed(clock: Clock, **kw: object) -> Membership:
     return m
 
 
-def test_a_host_whose_instances_all_report_a_kill_is_lost_once_the_others_answer() -> None:
+def test_a_host_whose_instances_all_report_a_kill_is_lost_after_the_attempt() -> None:
+    """The records make every host be asked at once; whose failure it was is judged from all
+    of them once the attempt has ended, not as they arrive."""
     clock = Clock()
     m = _placed(clock, min_hosts=2)
     m.exited(4, -9)
     assert m.to_probe() == ["h2", "h3"]  # a failure: every host is asked at once
-    m.exited(5, -9)
-    clock.advance(0.3)
+    m.exited(5, -15)
     m.answered("h3", True)
-    assert m.losses == ()  # h2 has not answered: it could explain the failure
     m.answered("h2", True)
+    assert m.losses == ()  # nothing is judged while the attempt runs
+    records = [
+        (4, ExitRecord(-9)),
+        (2, ExitRecord(-15)),
+        (3, ExitRecord(-15)),
+        (5, ExitRecord(-15)),
+    ]
+    assert m.blame(records) == ""
     [loss] = m.take_losses()
-    assert (loss.host, loss.why) == ("h3", "its instances were killed (SIGKILL)")
+    assert (loss.host, loss.why) == (
+        "h3", "instance 4 killed by SIGKILL first; h2's 2 instances were ended by mpirun"
+    )  # fmt: skip
 
 
 def test_a_kill_is_no_loss_when_another_host_does_not_answer() -> None:
@@ -234,28 +244,23 @@ def test_a_kill_is_no_loss_when_another_host_does_not_answer() -> None:
     m.answered("h2", True)
     m.answered("h3", False, "Connection refused")
     assert [loss.host for loss in m.losses] == ["h3"]
+    assert m.blame([(2, ExitRecord(-15)), (3, ExitRecord(-15))]) == ""  # judged already
+    assert [loss.host for loss in m.losses] == ["h3"]
 
 
-def test_a_kill_is_no_loss_when_another_failure_came_first_or_without_min_hosts() -> None:
-    m = _placed(Clock(), min_hosts=2)
-    m.exited(2, 1)  # h2's instance failed first (an exception): not a lost host
-    m.exited(4, -9)
-    m.exited(5, -9)
-    m.to_probe()
-    m.answered("h2", True)
-    m.answered("h3", True)
-    assert m.losses == ()
+def test_a_kill_is_no_loss_without_min_hosts_or_where_an_instance_exited_by_itself() -> None:
     plain = _placed(Clock())  # no --min-hosts: a killed instance is a failure, as before
     plain.exited(4, -9)
-    plain.exited(5, -9)
-    assert plain.to_probe() == [] and plain.losses == ()
+    assert plain.to_probe() == [] and plain.blame([(4, ExitRecord(-9)), (5, ExitRecord(-9))]) == ""
+    assert plain.losses == ()
     clean = _placed(Clock(), min_hosts=2)
-    clean.exited(4, 0)  # ended well, then its neighbour killed: not every one was killed
-    clean.exited(5, -9)
-    clean.to_probe()
-    clean.answered("h2", True)
-    clean.answered("h3", True)
+    # ended well, then its neighbour killed: not every instance there was killed
+    assert clean.blame([(4, ExitRecord(0)), (5, ExitRecord(-9))]) == ""
     assert clean.losses == ()
+    raised = _placed(Clock(), min_hosts=2)  # mpirun names h3's exit code 1: its own failure
+    records = [(2, ExitRecord(-15)), (3, ExitRecord(-15)), (4, ExitRecord(1)), (5, ExitRecord(-15))]
+    assert raised.blame(records, mpirun_failure=Failure(4, exit_code=1)) == ""
+    assert raised.losses == ()
 
 
 def test_a_failing_attempt_asks_every_host_at_once_and_only_once() -> None:
@@ -277,37 +282,39 @@ def test_a_failing_attempt_asks_every_host_at_once_and_only_once() -> None:
     assert m.to_probe() == []
 
 
-def test_a_killed_remote_host_ends_the_job_before_mpirun_does() -> None:
+def test_a_killed_remote_host_is_named_when_the_attempt_ends() -> None:
     """The exit record of h3's instance (-9) arrives while the job runs: every host is
-    asked, and once h2 answers h3 is named and the job ended, not after mpirun's own
-    ending and a round of probes. After poprun or mpirun began ending the job, a kill is
-    theirs: the record is no evidence against the host."""
+    asked at once; once mpirun has ended the job, h3 is named from the attempt's evidence.
+    After poprun began ending the job (a signal), a kill is its own: no host is lost."""
     clock = Clock()
     policy = EndingPolicy(clock, remote=True, max_restarts=0)
     policy.membership = m = Membership(HOSTS, clock, launch_host="h1", min_hosts=2)
     m.launched({0: "h1", 1: "h2", 2: "h3"})
     policy.launched()
-    policy.exit_reported(2, ExitRecord(-9))
+    policy.exit_reported(1, ExitRecord(-15))  # mpirun's teardown of h2's instance, first
     policy.mpirun_aborting()
     assert m.to_probe() == ["h2", "h3"]
     m.answered("h2", True)
-    [action] = policy.due()
-    assert action.do is Do.HOST_LOST and "h3: its instances were killed (SIGKILL)" in action.why
-    assert action.signum == 0  # mpirun is ending the job already: no SIGTERM, ...
-    assert [a.do for a in policy.due()] == [Do.KILL_MPIRUN]  # ... it is killed at once
-    for begin in ("abort", "signal"):
-        other = EndingPolicy(clock, remote=True, max_restarts=0)
-        other.membership = m2 = Membership(HOSTS, clock, launch_host="h1", min_hosts=2)
-        m2.launched({0: "h1", 1: "h2", 2: "h3"})
-        other.launched()
-        if begin == "abort":
-            other.mpirun_aborting()
-        else:
-            other.signal_received(2)
-        other.exit_reported(2, ExitRecord(-15))
-        for host in m2.to_probe():
-            m2.answered(host, True)
-        assert m2.losses == ()
+    m.answered("h3", True)
+    policy.exit_reported(2, ExitRecord(-9))  # the killed instance's record, after the abort
+    assert [a.do for a in policy.due()] == []  # nothing named while mpirun ends the job
+    policy.mpirun_exited(137)
+    policy.streams_closed()
+    ending = policy.ending(Evidence(instances(3)))
+    assert ending.hosts == ("h1", "h2")
+    assert ending.restart.startswith(
+        "poprun: lost host h3 (instance 2 killed by SIGKILL first; h2's instance was ended "
+        "by mpirun): launching the job again on h1, h2 (generation 1)"
+    )
+    other = EndingPolicy(clock, remote=True, max_restarts=0)
+    other.membership = m2 = Membership(HOSTS, clock, launch_host="h1", min_hosts=2)
+    m2.launched({0: "h1", 1: "h2", 2: "h3"})
+    other.launched()
+    other.signal_received(2)
+    other.exit_reported(2, ExitRecord(-9))
+    other.mpirun_exited(130)
+    other.streams_closed()
+    assert not other.ending(Evidence(instances(3))).hosts and m2.losses == ()
 
 
 def test_after_a_loss_the_output_is_not_waited_for_long() -> None:
@@ -325,13 +332,12 @@ def test_after_a_loss_the_output_is_not_waited_for_long() -> None:
 
 def test_a_host_heard_from_after_the_failure_counts_as_answering() -> None:
     """The survivors' lease heartbeats (once a second) come before an ssh probe's answer on
-    a loaded machine: heard from since the failure, a host explains nothing."""
+    a loaded machine: heard from since the failure, a host need not be asked again."""
     clock = Clock()
     m = _placed(clock, min_hosts=2)
     m.exited(4, -9)
-    m.exited(5, -9)
     clock.advance(0.2)
     m.heard("h2", at=clock() - 0.3)  # before the failure: no evidence
-    assert m.losses == () and m.unasked() == ("h2", "h3")
+    assert m.unasked() == ("h2", "h3")
     m.heard("h2")
-    assert [loss.host for loss in m.losses] == ["h3"]
+    assert m.unasked() == ("h3",)

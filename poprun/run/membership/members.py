@@ -16,9 +16,11 @@ A host is lost when
 - or, once the attempt fails (mpirun announces its abort, :meth:`Membership.failing`), it
   does not answer: every member is asked at once, so a crashed host is named while mpirun
   is still ending the job, not after;
-- or (``--min-hosts``) its instances all reported their end by a signal, and the job's first
-  failure is theirs (:meth:`Membership.exited`, from the instances' own exit records as they
-  arrive; :meth:`Membership.killed` after the attempt).
+- or (``--min-hosts``) its instances all ended by a signal, and the job's first failure is
+  theirs: judged once the attempt has ended (:meth:`Membership.blame`), from how each
+  instance ended, mpirun's and Open MPI's reports and the end times
+  (:mod:`poprun.run.membership.blame`), never from the order the records arrived in. Where
+  that evidence cannot tell whose failure came first, no host is lost.
 
 The launch host is never watched: poprun runs there, so its loss is poprun's, and it ends
 the job (as torchrun's rendezvous host or Horovod's driver do).
@@ -31,8 +33,11 @@ Reads time only from the clock it is given: its unit tests drive it with a fake 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from poprun.run.evidence import ExitRecord, Failure
+from poprun.run.membership.blame import SIGNALS, End, FirstFailure, first_failure
 
 #: No record from any instance of a host for this long: ask the host whether it is there.
 SILENT_S = 3.0
@@ -95,9 +100,8 @@ class Membership:
     _state: dict[str, _Host] = field(default_factory=dict)
     _losses: list[Loss] = field(default_factory=list)  # this attempt's, in order
     _taken: int = 0
-    #: This attempt's instances on their hosts, and their exit records so far (in order).
+    #: This attempt's instances on their hosts.
     _placement: dict[int, str] = field(default_factory=dict)
-    _exits: list[tuple[int, int]] = field(default_factory=list)
     #: When this attempt started failing (mpirun's abort), if it has.
     _failing_at: float | None = None
 
@@ -116,15 +120,13 @@ class Membership:
             if host in self.members:
                 state.heard_at, state.probed_at = now, None
         self._losses, self._taken = [], 0
-        self._placement, self._exits, self._failing_at = dict(placement or {}), [], None
+        self._placement, self._failing_at = dict(placement or {}), None
 
     def heard(self, host: str, at: float | None = None) -> None:
         """Something of ``host``'s instances reached poprun (at ``at``, default now)."""
         state = self._state.get(host)
         if state is not None:
             state.heard_at = max(state.heard_at, self.clock() if at is None else at)
-            if self._known(host):
-                self._judge_killed()  # alive after the failure: it explains nothing
 
     def answered(self, host: str, ok: bool, why: str = "") -> None:
         """A probe of ``host`` ended: it answered (``ok``) or not (``why``)."""
@@ -134,7 +136,6 @@ class Membership:
             state.back = ok and self.readmit and state.losses < self.max_losses
         elif not ok and host in self.members:
             self.lose(host, f"no answer: {why}" if why else "no answer")
-        self._judge_killed()
 
     def lose(self, host: str, why: str) -> None:
         """``host`` is lost (once per attempt)."""
@@ -172,45 +173,61 @@ class Membership:
         return at is not None and (state.heard_at > at or (state.probed_at or -1.0) >= at)
 
     def exited(self, instance: int, returncode: int) -> None:
-        """A remote instance's own exit record (``Popen`` style) while nothing else ends the
-        job (no abort, no signal of poprun's: those kills are not the host's doing). With
-        ``--min-hosts``, a failure makes every member be asked (:meth:`failing`); a host whose
-        instances all ended by a signal, and which holds the first failure, is then lost once
-        every other member has answered or been heard from since (:meth:`killed`): a host
-        that does not answer would explain the failure instead (a crashed host's daemon takes
-        its neighbours' instances down)."""
-        if self.min_hosts is None or instance not in self._placement:
-            return
-        self._exits.append((instance, returncode))
-        if returncode != 0:
+        """A remote instance's own exit record while nothing else ends the job (no abort, no
+        signal of poprun's). With ``--min-hosts``, a failure makes every member be asked at
+        once (:meth:`failing`): a host that does not answer explains it, and is named while
+        mpirun is still ending the job. Whose failure came first is judged once the attempt
+        has ended (:meth:`blame`), from all its evidence, not from this record's arrival."""
+        if self.min_hosts is not None and instance in self._placement and returncode != 0:
             self.failing()
-            self._judge_killed()
 
-    def _judge_killed(self) -> None:
-        suspect = self._killed_host()
-        if suspect is None or self._losses:
-            return
-        host, signals = suspect
-        if all(h == host or h not in self.unasked() for h in self.watched()):
-            self.killed(host, signals)
+    def blame(
+        self,
+        records: Sequence[tuple[int, ExitRecord]],
+        *,
+        mpirun_failure: Failure | None = None,
+        peers: Sequence[str] = (),
+    ) -> str:
+        """After an attempt that failed by itself, with ``--min-hosts`` and no host lost: the
+        host of the first failure (:func:`~poprun.run.membership.blame.first_failure`) is
+        lost when every instance there was killed by a signal (something there kills the
+        job: launching there again would not help).
 
-    def _killed_host(self) -> tuple[str, list[int]] | None:
-        """The host of the first failure, if every instance there reported a signal."""
-        failed = [(i, code) for i, code in self._exits if code != 0]
-        if not failed:
-            return None
-        first = self._placement[failed[0][0]]
-        ended = dict(failed)
-        on_host = [i for i, host in self._placement.items() if host == first]
-        if all(ended.get(i, 0) < 0 for i in on_host):
-            return first, [-ended[i] for i in on_host]
-        return None
-
-    def killed(self, host: str, signals: Iterable[int]) -> None:
-        """After a failed attempt: every instance of ``host`` ended by these signals and it
-        holds the first failure, so the host is lost (something there kills the job)."""
-        names = ", ".join(sorted({_signal_name(s) for s in signals}))
-        self.lose(host, f"its instances were killed ({names})")
+        ``records``: the remote instances' exit records (those after poprun's own kill left
+        out); ``mpirun_failure``: the first failure mpirun reported, which stands in for its
+        instance's record when that never came; ``peers``: the hosts Open MPI's peer reports
+        name. Returns one line when a kill was seen but the evidence cannot tell whose it
+        was: no host is lost then, the failure is an instance failure.
+        """
+        if self.min_hosts is None or self._losses:
+            return ""
+        place = self._placement
+        ends = {i: End(i, place[i], r.returncode, r.ended_at) for i, r in records if i in place}
+        named = mpirun_failure.instance if mpirun_failure is not None else None
+        if mpirun_failure is not None and named in place and named not in ends:
+            stand_in = _returncode(mpirun_failure)
+            if stand_in is not None and place[mpirun_failure.instance] != self.launch_host:
+                ends[mpirun_failure.instance] = End(named, place[named], stand_in)
+        first = first_failure(list(ends.values()), place, mpirun_first=named, peers=peers)
+        if first.host is None:
+            if any(end.returncode < 0 for end in ends.values()):
+                return (
+                    f"poprun: no host is lost: {first.why_not}; the job failed as an instance did"
+                )
+            return ""
+        if first.host == self.launch_host:
+            return ""  # its loss would be poprun's: an instance failure
+        on_host = [i for i, host in place.items() if host == first.host]
+        if any(i in ends and ends[i].returncode >= 0 for i in on_host):
+            return ""  # an instance there exited by itself: an instance failure
+        if not all(i in ends for i in on_host):
+            return (
+                f"poprun: no host is lost: {first.host} failed first ({' and '.join(first.by)}), "
+                "but how its instances ended never reached poprun; the job failed as an "
+                "instance did"
+            )
+        self.lose(first.host, _why(first, ends, place))
+        return ""
 
     # --- questions ----------------------------------------------------------------------
 
@@ -307,10 +324,32 @@ class Membership:
         )  # fmt: skip
 
 
-def _signal_name(signum: int) -> str:
-    import signal
+def _returncode(failure: Failure) -> int | None:
+    """mpirun's report of a failure, ``Popen`` style (None: it did not say how)."""
+    if failure.signal is not None:
+        return -failure.signal
+    return failure.exit_code
 
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+
+def _why(first: FirstFailure, ends: Mapping[int, End], placement: Mapping[int, str]) -> str:
+    """``instance 2 killed by SIGKILL first; h2's instance was ended by mpirun``: the first
+    failure, the evidence that named it when its signal alone did not, and the hosts whose
+    instances mpirun's teardown ended."""
+    end = ends[first.instance] if first.instance is not None else None
+    what = f"instance {first.instance} {end.how()} first" if end else "its instances failed first"
+    if SIGNALS not in first.by:
+        what += f" ({' and '.join(first.by)})"
+    torn: dict[str, int] = {}
+    for instance, host in placement.items():
+        ended = ends.get(instance)
+        if host != first.host and ended is not None and ended.by_teardown:
+            torn[host] = torn.get(host, 0) + 1
+    if not torn:
+        return what
+    if len(torn) > 3:
+        return f"{what}; the instances of {len(torn)} other hosts were ended by mpirun"
+    named = [
+        f"{host}'s {n} instances" if n > 1 else f"{host}'s instance" for host, n in torn.items()
+    ]
+    verb = "was" if len(named) == 1 and next(iter(torn.values())) == 1 else "were"
+    return f"{what}; {' and '.join(named)} {verb} ended by mpirun"
