@@ -26,8 +26,9 @@ from poprun.config.options import (
 )
 from poprun.config.paths import check_output_dir
 from poprun.errors import PoprunError
-from poprun.plan.hosts import host_source, is_local
-from poprun.plan.slurm import SlurmAllocation, SlurmHosts, default_instances, read_allocation
+from poprun.plan.engines.allocation import JobAllocation, default_instances
+from poprun.plan.hosts import JobHosts, host_source, is_local
+from poprun.plan.slurm import read_allocation
 
 __all__ = ["RunConfig", "build", "parse_bool"]
 
@@ -47,7 +48,7 @@ class RunConfig(NamedTuple):
     host_counts: tuple[int, ...] = ()
     #: The Slurm job poprun runs in (None outside one), and whether ``hosts`` are its nodes
     #: because no -H/--host-file was given (:mod:`poprun.plan.slurm`).
-    allocation: SlurmAllocation | None = None
+    allocation: JobAllocation | None = None
     hosts_from_allocation: bool = False
     mpi_global_args: tuple[str, ...] = ()
     mpi_local_args: tuple[str, ...] = ()
@@ -151,7 +152,7 @@ def _counts(values: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def _hosts(
-    values: Mapping[str, Any], num_instances: int, allocation: SlurmAllocation | None
+    values: Mapping[str, Any], num_instances: int, allocation: JobAllocation | None
 ) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
     """(hosts, instances on each, whether they are the Slurm job's nodes): the run's host
     source (``-H``, ``--host-file``, else the allocation) places the instances."""
@@ -159,7 +160,7 @@ def _hosts(
     if source is None:
         return (), (), False
     hosts, counts = source.place(num_instances)
-    return hosts, counts, isinstance(source, SlurmHosts)
+    return hosts, counts, isinstance(source, JobHosts)
 
 
 def _instance_args(text: str, num_instances: int) -> tuple[int, tuple[str, ...]]:
@@ -291,7 +292,7 @@ def _merge(cli: Mapping[str, Any], file_values: Mapping[str, Any] | None) -> dic
 
 
 def _check_membership(
-    values: Mapping[str, Any], hosts: tuple[str, ...], allocation: SlurmAllocation | None
+    values: Mapping[str, Any], hosts: tuple[str, ...], allocation: JobAllocation | None
 ) -> None:
     """``--min-hosts`` needs hosts to lose and at most their number; ``--readmit`` needs it."""
     least = values.get("min_hosts")

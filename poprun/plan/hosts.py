@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from poprun.config.user_files import read_user_file
 from poprun.errors import PoprunError
-from poprun.plan.slurm import SlurmAllocation, SlurmHosts, check_hosts
+from poprun.plan.engines.allocation import JobAllocation, check_hosts, place
 
 if TYPE_CHECKING:
     import ipaddress
@@ -204,12 +204,31 @@ class HostFile(NamedTuple):
         return share_evenly(self.hosts(), num_instances)
 
 
+class JobHosts(NamedTuple):
+    """The host source inside an engine's job given no ``-H``: the job's nodes, filled in
+    order up to their slots (or shared evenly, where the engine lists hosts only)."""
+
+    allocation: JobAllocation
+
+    @property
+    def option(self) -> str:
+        return self.allocation.node_variable
+
+    def hosts(self) -> tuple[str, ...]:
+        return self.allocation.nodes
+
+    def place(self, num_instances: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        if not getattr(self.allocation, "slotted", True):
+            return share_evenly(self.allocation.nodes, num_instances)
+        return place(self.allocation, num_instances)
+
+
 class WithinAllocation(NamedTuple):
     """Hosts named by the options inside a scheduler's job: they must be the job's nodes,
     with room for their share of the instances."""
 
     named: HostList | HostFile
-    allocation: SlurmAllocation
+    allocation: JobAllocation
 
     @property
     def option(self) -> str:
@@ -225,7 +244,7 @@ class WithinAllocation(NamedTuple):
 
 
 def host_source(
-    values: Mapping[str, Any], allocation: SlurmAllocation | None = None
+    values: Mapping[str, Any], allocation: JobAllocation | None = None
 ) -> HostSource | None:
     """The source the options name (``-H`` or ``--host-file``, not both), else the
     scheduler's ``allocation`` (:func:`poprun.plan.slurm.read_allocation`); None: this host.
@@ -247,7 +266,7 @@ def host_source(
     if named is not None:
         return named if allocation is None else WithinAllocation(named, allocation)
     if allocation is not None:
-        return SlurmHosts(allocation)
+        return JobHosts(allocation)
     return None
 
 

@@ -142,8 +142,6 @@ ALLREDUCE_MCA: tuple[tuple[str, str], ...] = (
 #: ... and when the instances' threads (compute + Horovod's) outnumber the cores.
 YIELD_MCA: tuple[str, str] = ("mpi_yield_when_idle", "1")
 _MCA_FLAGS = frozenset({"--mca", "-mca", "--gmca", "-gmca"})
-#: Inside an ``srun`` step: the ``srun`` that starts Open MPI's daemons shares its CPUs.
-STEP_MCA: tuple[str, str] = ("plm_slurm_args", "--overlap")
 
 
 def find_mpirun(environ: Mapping[str, str]) -> str:
@@ -180,13 +178,14 @@ def _poprun_mca(
     per_host = max(plan.num_local_instances for plan in topology.instances)
     if threads_outnumber_cores(per_host, local_cpus):
         wanted.append(YIELD_MCA)
-    # Inside an srun step, mpirun's own srun shares the step's resources; with --min-hosts,
-    # the job launched again after a lost node too: the lost node's step never completes,
-    # and a new step on the rest would wait for its resources (Slurm frees them only once
-    # it declares the node down).
-    allocation = topology.allocation
-    if allocation is not None and (allocation.in_step or config.min_hosts is not None):
-        wanted.append(STEP_MCA)
+    # How the engine's mpirun starts its daemons is the allocation's data (plan/engines)
+    launcher = topology.allocation.launcher if topology.allocation is not None else None
+    if launcher is not None:
+        wanted += launcher.mca
+        if config.min_hosts is not None:
+            wanted += [pair for pair in launcher.elastic_mca if pair not in launcher.mca]
+        if launcher.agent is not None:
+            wanted.append(("plm_rsh_agent", launcher.agent))
     out = []
     for name, value in wanted:
         if name not in chosen:
@@ -223,10 +222,10 @@ def build_argv(
         argv += ["--bind-to", "none"]
     if is_root or config.allow_run_as_root:
         argv.append("--allow-run-as-root")
-    if topology.allocation is not None or (
-        not topology.explicit_hosts and config.num_instances > local_cpus
-    ):
-        # -H host:k contexts carry their own slot counts, except in a Slurm job (above)
+    engine_slots = topology.allocation is not None and topology.allocation.launcher.oversubscribe
+    if engine_slots or (not topology.explicit_hosts and config.num_instances > local_cpus):
+        # -H host:k contexts carry their own slot counts, except where mpirun reads the
+        # engine's (a Slurm job): poprun has checked the instances against those
         argv.append("--oversubscribe")
     chosen = user_mca | _mca_names(user_global)
     argv += _poprun_mca(config, topology, chosen, local_cpus, fabric_here)

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from poprun.errors import PoprunError
+from poprun.plan.engines.allocation import Launcher
 
 #: Set in every Slurm job (the second is the older spelling, still exported).
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
@@ -37,6 +38,13 @@ JOB_CPUS_PER_NODE = "SLURM_JOB_CPUS_PER_NODE"
 CPUS_PER_TASK = "SLURM_CPUS_PER_TASK"
 #: Set inside an ``srun`` step (not in ``salloc`` nor in an ``sbatch`` script).
 STEP_ID_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID")
+#: Inside an ``srun`` step: the ``srun`` that starts Open MPI's daemons shares its CPUs. With
+#: ``--min-hosts`` too: after a lost node, the job launched again on the rest would wait for
+#: the lost node's step to free its resources (Slurm frees them only once it declares the
+#: node down).
+STEP_MCA: tuple[str, str] = ("plm_slurm_args", "--overlap")
+#: A membership probe: a one-task step of the job on the node, beside the job's own steps.
+_STEP_PROBE = ("srun", "--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--nodelist={host}")
 #: The most nodes one allocation may list: more is a corrupt variable, not a cluster.
 MAX_NODES = 65536
 _COUNTS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -56,6 +64,37 @@ class SlurmAllocation(NamedTuple):
     tasks: tuple[int, ...]
     #: Whether poprun runs inside an ``srun`` step (its launch then needs ``--overlap``).
     in_step: bool = False
+
+    @property
+    def engine(self) -> str:
+        return "Slurm"
+
+    @property
+    def slot_word(self) -> str:
+        return "task"
+
+    @property
+    def ask_for_more(self) -> str:
+        return "ask Slurm for more tasks (--ntasks, --ntasks-per-node)"
+
+    @property
+    def local_only(self) -> frozenset[str]:
+        """None beyond ``SLURM_*``, which is never forwarded: each node's instances get
+        Slurm's variables from the ``srun`` step that started Open MPI's daemon there."""
+        return frozenset()
+
+    @property
+    def launcher(self) -> Launcher:
+        """mpirun starts its daemons through ``srun`` (Open MPI's plm slurm): no ssh."""
+        return Launcher(
+            "srun",
+            ssh=False,
+            mca=(STEP_MCA,) if self.in_step else (),
+            elastic_mca=(STEP_MCA,),
+            oversubscribe=True,
+            lingers=True,
+            probe=(*_STEP_PROBE[:1], f"--jobid={self.job_id}", *_STEP_PROBE[1:]),
+        )
 
     @property
     def total_tasks(self) -> int:
@@ -190,103 +229,6 @@ def read_allocation(environ: Mapping[str, str]) -> SlurmAllocation | None:
         tasks=tasks,
         in_step=in_step,
     )
-
-
-class SlurmHosts(NamedTuple):
-    """The host source inside a Slurm job given no ``-H``: the job's nodes."""
-
-    allocation: SlurmAllocation
-
-    @property
-    def option(self) -> str:
-        return self.allocation.node_variable
-
-    def hosts(self) -> tuple[str, ...]:
-        return self.allocation.nodes
-
-    def place(self, num_instances: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        return place(self.allocation, num_instances)
-
-
-def default_instances(allocation: SlurmAllocation, num_replicas: int | None) -> int:
-    """``--num-instances`` when it is not given: one instance per task of the job.
-
-    Refuses, naming the allocation, when ``--num-replicas`` cannot be shared by that many.
-    """
-    tasks = allocation.total_tasks
-    if tasks < 1:
-        raise PoprunError(
-            allocation.tasks_variable,
-            allocation.tasks_text,
-            f"leaves no task for an instance in {allocation.describe()}",
-            "ask Slurm for tasks (--ntasks or --ntasks-per-node)",
-        )
-    replicas = 1 if num_replicas is None else num_replicas
-    if replicas < tasks or replicas % tasks:
-        raise PoprunError(
-            "--num-replicas",
-            replicas,
-            f"cannot be shared by one instance per task of {allocation.describe()} (the "
-            "default): every instance needs the same whole number of replicas",
-            f"use a multiple of {tasks} replicas, or give --num-instances (a divisor of "
-            f"{replicas}, at most {tasks})",
-        )
-    return tasks
-
-
-def place(
-    allocation: SlurmAllocation, num_instances: int
-) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(hosts, instances per host): the job's nodes filled in order up to their tasks.
-
-    Nodes left without an instance are left out.
-    """
-    if num_instances > allocation.total_tasks:
-        raise PoprunError(
-            "--num-instances",
-            num_instances,
-            f"is more than the {allocation.total_tasks} tasks of {allocation.describe()}",
-            f"use --num-instances {allocation.total_tasks} or fewer (or leave it out: one "
-            "instance per task), or ask Slurm for more tasks (--ntasks, --ntasks-per-node)",
-        )
-    hosts: list[str] = []
-    counts: list[int] = []
-    left = num_instances
-    for node, tasks in zip(allocation.nodes, allocation.tasks, strict=True):
-        take = min(tasks, left)
-        if take:
-            hosts.append(node)
-            counts.append(take)
-        left -= take
-    return tuple(hosts), tuple(counts)
-
-
-def check_hosts(
-    allocation: SlurmAllocation, hosts: Sequence[str], option: str, num_instances: int
-) -> None:
-    """Hosts named with ``-H``/``--host-file`` inside a job: each in the job, with room for
-    its share of the instances (poprun divides them evenly over the hosts it is given)."""
-    for host in hosts:
-        if host not in allocation.nodes:
-            raise PoprunError(
-                option,
-                host,
-                f"is not a node of {allocation.describe()}",
-                f"name nodes of the job ({', '.join(allocation.nodes[:8])}"
-                f"{', ...' if len(allocation.nodes) > 8 else ''}), or leave out {option} to "
-                "run on the whole allocation",
-            )
-    per_host = num_instances // max(len(hosts), 1)
-    for host in hosts:
-        if per_host > allocation.slots(host):
-            raise PoprunError(
-                "--num-instances",
-                num_instances,
-                f"puts {per_host} instances on {host}, which has {allocation.slots(host)} "
-                f"task(s) in {allocation.describe()}",
-                f"use fewer instances, or name more of the job's nodes with {option}, or ask "
-                "Slurm for more tasks per node (--ntasks-per-node)",
-            )
 
 
 def node_addresses(text: str) -> dict[str, str]:

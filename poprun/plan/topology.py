@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from popdist.env import split_replicas
 from poprun.config.run_config import RunConfig
-from poprun.plan.slurm import SlurmAllocation
+from poprun.plan.engines.allocation import JobAllocation
 
 LOCALHOST = "localhost"
 
@@ -43,8 +43,8 @@ class Topology(NamedTuple):
     hosts: tuple[str, ...]
     instances: tuple[InstancePlan, ...]
     explicit_hosts: bool
-    #: The Slurm job the run is in (None outside one): mpirun launches through ``srun``.
-    allocation: SlurmAllocation | None = None
+    #: The engine's job the run is in (None outside one): how mpirun launches is its data.
+    allocation: JobAllocation | None = None
 
 
 def spread_numa(local_index: int, num_local: int, num_nodes: int) -> tuple[int, ...]:
@@ -74,6 +74,7 @@ def plan(config: RunConfig, numa_nodes: Mapping[str, int] | None = None) -> Topo
     ]
     split = split_replicas(config.num_replicas, len(placed))
     instances = []
+    offset = 0
     for index, (host, per_host, local_index) in enumerate(placed):
         nodes = (numa_nodes or {}).get(host, 1)
         numa = (
@@ -87,12 +88,13 @@ def plan(config: RunConfig, numa_nodes: Mapping[str, int] | None = None) -> Topo
                 host=host,
                 local_index=local_index,
                 num_local_instances=per_host,
-                replica_offset=sum(split[:index]),
+                replica_offset=offset,
                 num_local_replicas=split[index],
                 ipus_per_replica=config.ipus_per_replica,
                 numa_nodes=numa,
             )
         )
+        offset += split[index]
     return Topology(
         hosts=hosts,
         instances=tuple(instances),

@@ -120,8 +120,9 @@ class JobProcesses:
         ends on a lost host (:attr:`host_lost`), whose connection would not end."""
         keep = keep | self.not_ours | self.own_pids()
         # (after a lost node, mpirun's srun to it does not end by itself either)
-        slurm = self.topology.allocation is not None and not self.host_lost
-        if slurm and self.mpirun_pid not in keep:
+        allocation = self.topology.allocation
+        lingers = allocation is not None and allocation.launcher.lingers and not self.host_lost
+        if lingers and self.mpirun_pid not in keep:
             self._let_launchers_end(keep)
         found = leftovers.left_behind(keep)
         # mpirun's own ssh connections to its daemons may outlive it by a moment: poprun's

@@ -183,16 +183,24 @@ def _watch_hosts(
     config: RunConfig, topology: Topology, env: dict[str, str], policy: EndingPolicy
 ) -> HostWatch | None:
     """A job across hosts: its membership, the probes, the lease (``env`` gets its address).
-    Inside a Slurm job only with ``--min-hosts``, its nodes probed by steps of the job."""
+    Where the engine starts the daemons itself (Slurm, Grid Engine, LSF's blaunch), only with
+    ``--min-hosts``, its nodes probed the engine's way (a step of the Slurm job, the engine's
+    agent)."""
     remote = [host for host in topology.hosts if not is_local(host)]
     allocation = topology.allocation
-    if not remote or (allocation is not None and config.min_hosts is None):
+    by_engine = allocation is not None and not allocation.launcher.ssh
+    if not remote or (by_engine and config.min_hosts is None):
         return None
     # Imported here, not with this module: a job on one host needs none of them, and their
     # imports (a thread pool, logging, hmac) would add ~15 ms to every launch.
     from poprun.run.membership.lease import LeaseServer, facing_address
     from poprun.run.membership.members import Membership
-    from poprun.run.membership.watch import HostWatch, probe_command, slurm_addresses, slurm_probe
+    from poprun.run.membership.watch import (
+        HostWatch,
+        agent_probe,
+        probe_command,
+        slurm_addresses,
+    )
 
     launch = next((host for host in topology.hosts if is_local(host)), None)
     membership = Membership(
@@ -207,15 +215,16 @@ def _watch_hosts(
     # The lease only with --min-hosts: exported to a job without it, a SIGKILLed poprun's
     # mpirun was seen to leave its local instances running (cause not found yet).
     address = facing_address(remote) if config.min_hosts is not None else None
-    if address is None and allocation is not None:  # a node's name may not resolve here
+    if address is None and allocation is not None and allocation.engine == "Slurm":
+        # a node's name may not resolve here
         address = facing_address(slurm_addresses(remote, env))
     if address is not None:
         lease = LeaseServer(address, env[contract.PROGRESS])
         env[contract.LEASE] = lease.address
     elif config.min_hosts is not None:
         log.warning(f"no address of this host reaches {remote[0]}: the instances hold no lease")
-    if allocation is not None:
-        return HostWatch(membership, slurm_probe(allocation.job_id, env), lease)
+    if allocation is not None and allocation.launcher.probe:
+        return HostWatch(membership, agent_probe(allocation.launcher.probe, env), lease)
     return HostWatch(membership, probe_command(config.global_args(), env), lease)
 
 

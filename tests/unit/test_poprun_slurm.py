@@ -12,10 +12,10 @@ import pytest
 
 from poprun.config import run_config as cfg
 from poprun.errors import PoprunError
-from poprun.plan.hosts import HostSource, WithinAllocation, host_source
-from poprun.plan.mpirun import REMOTE_WRAPPER, STEP_MCA, build_argv
+from poprun.plan.hosts import HostSource, JobHosts, WithinAllocation, host_source
+from poprun.plan.mpirun import REMOTE_WRAPPER, build_argv
 from poprun.plan.slurm import (
-    SlurmHosts,
+    STEP_MCA,
     parse_counts,
     parse_node_list,
     read_allocation,
@@ -169,7 +169,7 @@ def test_the_allocation_is_a_host_source_and_explicit_hosts_win() -> None:
     allocation = read_allocation(SALLOC)
     assert allocation is not None
     source: HostSource | None = host_source({}, allocation)
-    assert source == SlurmHosts(allocation) and source.hosts() == ("n1", "n2")
+    assert source == JobHosts(allocation) and source.hosts() == ("n1", "n2")
     named = host_source({"host": ["n2"]}, allocation)
     assert isinstance(named, WithinAllocation) and named.hosts() == ("n2",)
 

@@ -14,8 +14,9 @@ connection may be the one that is dead) and a short time-out: ``AGENT -o Control
 and a frozen one (the kernel accepts the connection, but sshd, stopped, never sends its
 greeting) from a busy one (it answers). Inside a Slurm job, where mpirun starts its daemons
 through ``srun`` and the nodes need not take ssh, a probe is a step of the job on that node:
-``srun --jobid=JOB --overlap -N1 -n1 -w NODE true`` (:func:`slurm_probe`); a node whose
-slurmd is gone or stopped does not answer it within the probe's time.
+``srun --jobid=JOB --overlap -N1 -n1 -w NODE true``; a node whose slurmd is gone or stopped
+does not answer it within the probe's time. That command, like Grid Engine's and LSF's, is
+the allocation's launcher data (:func:`agent_probe`).
 """
 
 from __future__ import annotations
@@ -57,16 +58,23 @@ def probe_command(global_args: Sequence[str], environ: Mapping[str, str]) -> Pro
     return lambda host, remote: [*argv, host, remote]
 
 
-def slurm_probe(job_id: str, environ: Mapping[str, str]) -> Prober | None:
-    """The probe inside a Slurm job: a one-task step of the job on the node, beside the
-    job's own steps (``--overlap``); None when ``srun`` is not on ``PATH``."""
+def agent_probe(command: Sequence[str], environ: Mapping[str, str]) -> Prober | None:
+    """The probe where an engine starts commands on its nodes itself (a step of the Slurm
+    job, Grid Engine's ``qrsh -inherit``, LSF's ``blaunch``): the launcher's ``probe``, its
+    ``{host}`` the node, then ``/bin/sh -c REMOTE``; None when its program is not on ``PATH``
+    (no probe, rather than every node lost)."""
     import shutil
 
-    srun = shutil.which("srun", path=environ.get("PATH"))
-    if srun is None:
+    program = shutil.which(command[0], path=environ.get("PATH"))
+    if program is None:
         return None
-    argv = [srun, f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "--quiet"]
-    return lambda host, remote: [*argv, f"--nodelist={host}", "/bin/sh", "-c", remote]
+    words = [program, *command[1:]]
+    return lambda host, remote: [
+        *(word.replace("{host}", host) for word in words),
+        "/bin/sh",
+        "-c",
+        remote,
+    ]
 
 
 def slurm_addresses(nodes: Sequence[str], environ: Mapping[str, str]) -> list[str]:

@@ -1,0 +1,226 @@
+"""What a cluster engine gives a job, in one shape for every engine (pure).
+
+Each engine (:mod:`poprun.plan.slurm`, and the readers in this package) turns its environment
+and files into an *allocation*: the job's nodes in order, the slots (tasks) of each, where
+that came from, and how mpirun starts its daemons on the other nodes (a :class:`Launcher`).
+The rest of poprun reads allocations only through the :class:`JobAllocation` protocol:
+:func:`place` fills the nodes in order up to their slots (Open MPI's ``--map-by slot``),
+:func:`check_hosts` checks hosts the user named inside the job, :func:`default_instances`
+is one instance per slot, and ``plan/mpirun.py`` and the ssh check take the launcher's data
+as they are. An engine is one more reader, not a branch anywhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+from poprun.errors import PoprunError
+
+
+class Launcher(NamedTuple):
+    """How mpirun starts Open MPI's daemons on the other hosts: data for the argv and checks.
+
+    ``name`` is shown (``ssh``, ``srun``, ``qrsh -inherit``, ``blaunch``). ``ssh``: the ssh
+    check applies and its connections may become mpirun's agent; ``False`` where the engine
+    starts the daemons itself, under its control and accounting. ``agent``: a launch agent
+    poprun names (``--mca plm_rsh_agent``); None keeps Open MPI's own choice. ``mca``: more
+    ``--mca`` pairs, and ``elastic_mca`` those added with ``--min-hosts``. ``oversubscribe``:
+    mpirun reads the engine's own slot counts, so ``-H host:k`` does not set them. ``lingers``:
+    the engine's launch processes outlive mpirun by a moment (not the job's leftovers).
+    ``probe``: the command that runs ``true`` on a node for the membership's probes (empty:
+    ssh through the agent).
+    """
+
+    name: str = "ssh"
+    ssh: bool = True
+    agent: str | None = None
+    mca: tuple[tuple[str, str], ...] = ()
+    elastic_mca: tuple[tuple[str, str], ...] = ()
+    oversubscribe: bool = False
+    lingers: bool = False
+    probe: tuple[str, ...] = ()
+
+
+SSH = Launcher()
+
+
+class JobAllocation(Protocol):
+    """What poprun reads of the job an engine gave it."""
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def nodes(self) -> tuple[str, ...]: ...
+    @property
+    def tasks(self) -> tuple[int, ...]: ...
+    #: Where the nodes came from (a variable's name), and the slots (variable, as written).
+    @property
+    def node_variable(self) -> str: ...
+    @property
+    def tasks_variable(self) -> str: ...
+    @property
+    def tasks_text(self) -> str: ...
+    @property
+    def launcher(self) -> Launcher: ...
+    #: Variables that describe this node only: never forwarded to the others.
+    @property
+    def local_only(self) -> frozenset[str]: ...
+    #: What the engine calls a slot ("task" for Slurm), and how to ask it for more.
+    @property
+    def slot_word(self) -> str: ...
+    @property
+    def ask_for_more(self) -> str: ...
+    @property
+    def total_tasks(self) -> int: ...
+    def slots(self, node: str) -> int: ...
+    def describe(self) -> str: ...
+    def render(self) -> str: ...
+
+
+class Allocation(NamedTuple):
+    """A job as an engine other than Slurm describes it (its reader fills one)."""
+
+    engine: str
+    job_id: str
+    nodes: tuple[str, ...]
+    tasks: tuple[int, ...]
+    #: The variable that named the hosts (or their file), and that file, if any.
+    node_variable: str
+    path: str = ""
+    launcher: Launcher = SSH
+    local_only: frozenset[str] = frozenset()
+    #: Whether ``tasks`` are the engine's slot counts (False: it lists hosts only, and the
+    #: instances are shared evenly, as for ``-H``).
+    slotted: bool = True
+
+    @property
+    def tasks_variable(self) -> str:
+        return self.node_variable
+
+    @property
+    def slot_word(self) -> str:
+        return "slot"
+
+    @property
+    def ask_for_more(self) -> str:
+        return f"ask {self.engine} for more slots"
+
+    @property
+    def tasks_text(self) -> str:
+        return ",".join(map(str, self.tasks))
+
+    @property
+    def total_tasks(self) -> int:
+        return sum(self.tasks)
+
+    def slots(self, node: str) -> int:
+        return dict(zip(self.nodes, self.tasks, strict=True)).get(node, 0)
+
+    def where(self) -> str:
+        """``PE_HOSTFILE=/var/spool/.../pe_hostfile`` or ``MPI_HOST``."""
+        return f"{self.node_variable}={self.path}" if self.path else self.node_variable
+
+    def describe(self) -> str:
+        """``Grid Engine job 17 (2 hosts, 4 slots, PE_HOSTFILE=...)``: for errors and titles."""
+        job = f" job {self.job_id}" if self.job_id else ""
+        slots = f", {self.total_tasks} slots" if self.slotted else ""
+        return f"{self.engine}{job} ({len(self.nodes)} hosts{slots}, {self.where()})"
+
+    def render(self) -> str:
+        """The allocation as ``--print-topology`` shows it: what was read, from where, how
+        daemons start."""
+        if self.slotted:
+            layout = ", ".join(f"{n}:{t}" for n, t in zip(self.nodes, self.tasks, strict=True))
+        else:
+            layout = ", ".join(self.nodes)
+        job = f" job {self.job_id}" if self.job_id else ""
+        return (
+            f"{self.engine}{job}: hosts from {self.where()}: {layout}; Open MPI's daemons start "
+            f"through {self.launcher.name}"
+        )
+
+
+def place(
+    allocation: JobAllocation, num_instances: int, *, oversubscribe: bool = False
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(hosts, instances per host): the job's nodes filled in order up to their slots.
+
+    Nodes left without an instance are left out. More instances than slots is a usage error
+    naming the allocation, unless the user asked for oversubscription: then each further
+    round fills the nodes by their slots again.
+    """
+    total, word = allocation.total_tasks, allocation.slot_word
+    if num_instances > total and not (oversubscribe and total > 0):
+        raise PoprunError(
+            "--num-instances",
+            num_instances,
+            f"is more than the {total} {word}s of {allocation.describe()}",
+            f"use --num-instances {total} or fewer (or leave it out: one instance per {word}), "
+            f"or {allocation.ask_for_more}, or pass --mpi-global-args=--oversubscribe",
+        )
+    counts = [0] * len(allocation.nodes)
+    left = num_instances
+    while left:
+        for i, slots in enumerate(allocation.tasks):
+            take = min(slots, left)
+            counts[i] += take
+            left -= take
+    kept = [(node, n) for node, n in zip(allocation.nodes, counts, strict=True) if n]
+    return tuple(node for node, _ in kept), tuple(n for _, n in kept)
+
+
+def default_instances(allocation: JobAllocation, num_replicas: int | None) -> int:
+    """``--num-instances`` when it is not given: one instance per slot of the job.
+
+    Refuses, naming the allocation, when ``--num-replicas`` cannot be shared by that many.
+    """
+    tasks, word = allocation.total_tasks, allocation.slot_word
+    if tasks < 1:
+        raise PoprunError(
+            allocation.tasks_variable,
+            allocation.tasks_text,
+            f"leaves no {word} for an instance in {allocation.describe()}",
+            allocation.ask_for_more,
+        )
+    replicas = 1 if num_replicas is None else num_replicas
+    if replicas < tasks or replicas % tasks:
+        raise PoprunError(
+            "--num-replicas",
+            replicas,
+            f"cannot be shared by one instance per {word} of {allocation.describe()} (the "
+            "default): every instance needs the same whole number of replicas",
+            f"use a multiple of {tasks} replicas, or give --num-instances (a divisor of "
+            f"{replicas}, at most {tasks})",
+        )
+    return tasks
+
+
+def check_hosts(
+    allocation: JobAllocation, hosts: Sequence[str], option: str, num_instances: int
+) -> None:
+    """Hosts named with ``-H``/``--host-file`` inside a job: each in the job, with room for
+    its share of the instances (poprun divides them evenly over the hosts it is given)."""
+    for host in hosts:
+        if host not in allocation.nodes:
+            shown = ", ".join(allocation.nodes[:8]) + (", ..." if len(allocation.nodes) > 8 else "")
+            raise PoprunError(
+                option,
+                host,
+                f"is not a node of {allocation.describe()}",
+                f"name nodes of the job ({shown}), or leave out {option} to run on the whole "
+                "allocation",
+            )
+    per_host = num_instances // max(len(hosts), 1)
+    for host in hosts:
+        if per_host > allocation.slots(host):
+            raise PoprunError(
+                "--num-instances",
+                num_instances,
+                f"puts {per_host} instances on {host}, which has {allocation.slots(host)} "
+                f"{allocation.slot_word}(s) in {allocation.describe()}",
+                f"use fewer instances, or name more of the job's nodes with {option}, or "
+                f"{allocation.ask_for_more}",
+            )
