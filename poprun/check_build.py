@@ -4,7 +4,8 @@ In the spirit of ``horovodrun --check-build`` and ``python -m torch.utils.collec
 versions of poprun, torch, Open MPI (the ``mpirun`` on PATH) and mpi4py with the MPI library
 it was built against; the collectives backends (Horovod with its controllers and tensor
 operations, torch.distributed's gloo, MPI and NCCL) and the one ``--backend auto`` would take;
-the GPUs torch sees; the Slurm job around poprun, the ssh client and the fabric devices
+the GPUs torch sees; the cluster engine's job around poprun (Slurm, Grid Engine, LSF, PBS,
+a Kubernetes launcher's host file: :mod:`poprun.plan.engines`), the ssh client and the fabric devices
 (:mod:`poprun.plan.fabric`); and the packages each optional feature still needs. poprun
 never imports torch: the interpreter's side is :mod:`popdist.installation`, run in a child of
 this interpreter (``sys.executable``, the one ``poprun`` was installed into). Exit 0 when a job can run here, else 1 with the reasons.
@@ -42,25 +43,35 @@ def _first_line(argv: list[str], *, stderr: bool = False) -> str | None:
 
 
 def host_facts(environ: Mapping[str, str]) -> dict[str, Any]:
-    """What poprun sees itself: mpirun, the Slurm job around it, the ssh client, the fabric."""
+    """What poprun sees itself: mpirun, the cluster job around it, the ssh client, the fabric."""
     from poprun.plan.fabric import local_devices
 
     path = environ.get("PATH", os.defpath)
     mpirun = shutil.which("mpirun", path=path)
     ssh = shutil.which("ssh", path=path)
-    slurm: dict[str, str] | None = None
-    job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
-    if job:
-        nodes = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or "?"
-        slurm = {"job": job, "nodes": nodes}
     return {
         "mpirun": mpirun,
         "mpirun_version": _first_line([mpirun, "--version"]) if mpirun else None,
-        "slurm": slurm,
+        "cluster": _cluster(environ),
         "ssh": ssh,
         "ssh_version": _first_line([ssh, "-V"], stderr=True) if ssh else None,
         "fabric": local_devices(),
     }
+
+
+def _cluster(environ: Mapping[str, str]) -> str | None:
+    """The cluster engine's job around poprun, as ``--print-topology`` shows it (None: none;
+    a garbled one: its error)."""
+    from poprun.config.run_config import engine_of
+    from poprun.errors import PoprunError
+
+    try:
+        allocation, note = engine_of({}, environ)
+    except PoprunError as error:
+        return f"unreadable: {error}"
+    if allocation is None:
+        return None
+    return allocation.render() + (f" ({note.removeprefix('poprun: ')})" if note else "")
 
 
 def _probe(executable: str) -> dict[str, Any]:
@@ -144,12 +155,14 @@ def _backends(probe: Mapping[str, Any], problems: list[str]) -> list[str]:
 
 
 def _surroundings(probe: Mapping[str, Any], host: Mapping[str, Any]) -> list[str]:
-    """The GPUs, the Slurm job, the ssh client, the fabric, and what each optional feature
+    """The GPUs, the cluster job, the ssh client, the fabric, and what each optional feature
     lacks."""
     gpus = probe.get("torch", {}).get("gpus") or []
-    slurm = host["slurm"]
-    where = f"job {slurm['job']} on {slurm['nodes']}" if slurm else "none around poprun"
-    lines = [f"GPUs torch sees: {', '.join(gpus) if gpus else 'none'}", f"Slurm: {where}"]
+    where = host.get("cluster") or (
+        "none around poprun (no Slurm, Grid Engine, LSF or PBS job, no Kubernetes or Open MPI "
+        "default host file)"
+    )
+    lines = [f"GPUs torch sees: {', '.join(gpus) if gpus else 'none'}", f"Cluster: {where}"]
     lines.append(
         f"ssh client: {host['ssh_version'] or 'unknown version'} ({host['ssh']})"
         if host["ssh"]

@@ -74,13 +74,15 @@ def _run(
     export_path = values.pop("export_config", None)
     overwrite = parse_bool("--overwrite-config", values.pop("overwrite_config", None) or "no")
     config = _configure(values, program, environ, export_path, overwrite)
+    _announce(config)
     mpirun = find_mpirun(environ)
     environ = with_allocator_defaults(config, environ)
 
     topology, numactl = _plan(config, environ)
     pool = device_pool(environ)
     check_pool(topology, pool)
-    argv_for = _argv_builder(mpirun, environ, numactl, pool)
+    local_only = config.allocation.local_only if config.allocation is not None else frozenset()
+    argv_for = _argv_builder(mpirun, environ, numactl, pool, local_only)
     argv = argv_for(config, topology)
     if config.vipu:
         names = ", ".join(option_name(k) for k, _ in config.vipu)
@@ -108,11 +110,26 @@ def _run(
     return _launch(config, topology, argv, env, inbox, replan)
 
 
+def _announce(config: RunConfig) -> None:
+    """The engine's lines: which one was taken where several are present, how daemons
+    start where it leaves a choice, and (``--dry-run``) where the hosts came from."""
+    allocation = config.allocation
+    lines = [config.engine_note] if config.engine_note else []
+    if allocation is not None and allocation.announce:
+        lines.append(allocation.announce)
+    if allocation is not None and config.dry_run and config.hosts_from_allocation:
+        lines.append(f"poprun: hosts from {allocation.describe()}")
+    if lines:
+        sys.stderr.write("".join(line + "\n" for line in lines))
+        sys.stderr.flush()
+
+
 def _argv_builder(
     mpirun: str,
     environ: Mapping[str, str],
     numactl: str | None,
     pool: Sequence[str] | None,
+    local_only: frozenset[str] = frozenset(),
 ) -> Callable[[RunConfig, Topology], list[str]]:
     """``build_argv`` given all it reads from this machine (a plan on fewer hosts reuses it)."""
     from poprun.plan.environment import forwarded_names
@@ -122,7 +139,7 @@ def _argv_builder(
     return functools.partial(
         build_argv,
         mpirun=mpirun,
-        forwarded=forwarded_names(environ),
+        forwarded=forwarded_names(environ, local_only),
         is_root=os.geteuid() == 0,
         local_cpus=local_cores(),
         numactl=numactl,
@@ -157,7 +174,10 @@ def _launch(
         if remote and config.ssh_check:
             from poprun.run import ssh_check
 
-            shared = ssh_check.check(remote, config.global_args(), env)
+            engine_ssh = topology.allocation is None or topology.allocation.launcher.ssh
+            shared = ssh_check.check(
+                remote, config.global_args(), env, wait_s=config.ssh_wait, engine_ssh=engine_ssh
+            )
         # The secret the instances' progress records carry.
         merged = with_secret({**env, **(shared.env() if shared else {})})
         if not remote:

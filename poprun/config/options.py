@@ -128,6 +128,19 @@ def parse_choice(choices: tuple[str, ...]) -> Parser:
     return parse
 
 
+#: ``--ssh-wait``'s default: a Kubernetes MPIJob's launcher starts beside its workers
+#: (``launcherCreationPolicy: AtStartup``), whose sshd and cluster-DNS records come up
+#: seconds later.
+SSH_WAIT_S = 60.0
+
+
+def parse_wait(option: str, value: object) -> float:
+    """A number of seconds to wait, 0 included (no wait)."""
+    if str(value).strip() in ("0", "0.0"):
+        return 0.0
+    return parse_seconds(option, value)
+
+
 def parse_seconds(option: str, value: object) -> float:
     """A positive, finite number of seconds (any length: the supervisor waits in steps)."""
     try:
@@ -403,6 +416,14 @@ OPTIONS: tuple[Option, ...] = (
         "then exit 75",
         attribute="time_limit_margin",
     ),
+    Option(
+        "sigterm_grace",
+        parse_seconds,
+        "SECONDS",
+        "on SIGTERM (a pod deleted, a PBS or LSF job ended), tell the instances to save first; "
+        "forward SIGTERM only if the job still runs this long after",
+        attribute="sigterm_grace",
+    ),
     _yes_no(
         "requeue_on_timeout",
         "in a Slurm job: requeue it (scontrol requeue) when it ends at its time limit",
@@ -418,6 +439,14 @@ OPTIONS: tuple[Option, ...] = (
         "before launching on other hosts, check each answers ssh [yes]",
         in_file=False,
         attribute="",
+    ),
+    Option(
+        "ssh_wait",
+        parse_wait,
+        "SECONDS",
+        "how long the ssh check tries again a host that does not answer yet (its sshd or "
+        f"name not up yet, as in a Kubernetes MPIJob) [{SSH_WAIT_S:g}]; 0: once",
+        attribute="ssh_wait",
     ),
     *(
         _vipu(key)

@@ -20,15 +20,17 @@ from poprun.config.mpi_args import check_mpi_args
 from poprun.config.options import (
     BY_KEY,
     OPTIONS,
+    SSH_WAIT_S,
     VIPU_OPTIONS,
     parse_bool,
     split_words,
 )
 from poprun.config.paths import check_output_dir
+from poprun.config.user_files import read_user_file
 from poprun.errors import PoprunError
 from poprun.plan.engines.allocation import JobAllocation, default_instances
-from poprun.plan.hosts import JobHosts, host_source, is_local
-from poprun.plan.slurm import read_allocation
+from poprun.plan.engines.detect import detect
+from poprun.plan.hosts import HostFile, JobHosts, host_source, is_local, parse_host_list
 
 __all__ = ["RunConfig", "build", "parse_bool"]
 
@@ -46,10 +48,12 @@ class RunConfig(NamedTuple):
     hosts: tuple[str, ...] = ()
     #: Instances on each of ``hosts`` (empty: no hosts given, all on this one).
     host_counts: tuple[int, ...] = ()
-    #: The Slurm job poprun runs in (None outside one), and whether ``hosts`` are its nodes
-    #: because no -H/--host-file was given (:mod:`poprun.plan.slurm`).
+    #: The cluster engine's job poprun runs in (None outside one: :mod:`poprun.plan.engines`),
+    #: and whether ``hosts`` are its nodes because no -H/--host-file was given.
     allocation: JobAllocation | None = None
     hosts_from_allocation: bool = False
+    #: One line when several engines' variables are present: which was taken, and why.
+    engine_note: str = ""
     mpi_global_args: tuple[str, ...] = ()
     mpi_local_args: tuple[str, ...] = ()
     instance_mpi_local_args: tuple[tuple[int, tuple[str, ...]], ...] = ()
@@ -76,13 +80,17 @@ class RunConfig(NamedTuple):
     #: (:mod:`poprun.run.time_limit`).
     time_limit_margin: float | None = None
     requeue_on_timeout: bool = False
+    #: ``--sigterm-grace``: SIGTERM to poprun is the save-now notice first (:mod:`poprun.run.ending`).
+    sigterm_grace: float | None = None
     #: ``--status-port``: the live figures' HTTP port (0: a free one), on ``status_address``.
     status_port: int | None = None
     status_address: str | None = None
     allow_run_as_root: bool = False
     use_default_allocator: bool = False
-    #: Check that every remote host answers ssh before launching (``--ssh-check``).
+    #: Check that every remote host answers ssh before launching (``--ssh-check``), trying
+    #: a host that does not answer yet again for this long (``--ssh-wait``).
     ssh_check: bool = True
+    ssh_wait: float = SSH_WAIT_S
     verbose: int = 0
     vipu: tuple[tuple[str, str], ...] = ()
 
@@ -161,6 +169,36 @@ def _hosts(
         return (), (), False
     hosts, counts = source.place(num_instances)
     return hosts, counts, isinstance(source, JobHosts)
+
+
+def engine_of(
+    values: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[JobAllocation | None, str]:
+    """The cluster engine's job poprun runs in (:mod:`poprun.plan.engines.detect`), if any,
+    and the line that says which one when several are present."""
+
+    def read(variable: str, path: str) -> str:
+        return read_user_file(variable, path, "host file")
+
+    def which(name: str) -> str | None:
+        return shutil.which(name, path=environ.get("PATH", os.defpath))
+
+    def expand(item: str, source: str, where: str) -> list[str]:
+        return list(parse_host_list([item], f"{source} ({where})"))
+
+    return detect(environ, values.get("mpi_global_args", ()), read, which, expand)
+
+
+def _default_instances(values: dict[str, Any], allocation: JobAllocation | None) -> None:
+    """No ``--num-instances``: one instance per slot (task) of the engine's job, or of a
+    ``--host-file`` in Open MPI's format, as mpirun would run; else one."""
+    if "num_instances" in values:
+        return
+    slots = allocation if not {"host", "host_file"} & set(values) else None
+    if "host_file" in values and "host" not in values:
+        slots = HostFile(values["host_file"]).slots()
+    if slots is not None:
+        values["num_instances"] = default_instances(slots, values.get("num_replicas"))
 
 
 def _instance_args(text: str, num_instances: int) -> tuple[int, tuple[str, ...]]:
@@ -335,9 +373,8 @@ def build(
     """
     merged = _merge(cli, file_values)
     values = {key: BY_KEY[key].read(value) for key, value in merged.items() if key in BY_KEY}
-    allocation = read_allocation(environ)
-    if allocation is not None and not {"num_instances", "host", "host_file"} & set(values):
-        values["num_instances"] = default_instances(allocation, values.get("num_replicas"))
+    allocation, engine_note = engine_of(values, environ)
+    _default_instances(values, allocation)
     num_instances, num_replicas = _counts(values)
     hosts, host_counts, from_allocation = _hosts(values, num_instances, allocation)
     instance_args = tuple(
@@ -371,6 +408,7 @@ def build(
         "host_counts": host_counts,
         "allocation": allocation,
         "hosts_from_allocation": from_allocation,
+        "engine_note": engine_note,
         "instance_mpi_local_args": instance_args,
         "only_output_from_instance": only,
         "process_placement": _placement(values),

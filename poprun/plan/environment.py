@@ -22,8 +22,14 @@ from poprun.plan.topology import InstancePlan
 #: Slurm job each node's instances get them from the ``srun`` step that started Open MPI's
 #: daemon there (``SLURMD_NODENAME``, ``SLURM_NODEID``, ... are per node: the launch node's
 #: values would be wrong on the others); instances on poprun's own host inherit them.
+#: ``HOSTNAME`` and an operator's role variable (``K_MPI_JOB_ROLE``) name the launcher's own
+#: host: another host's instances keep their own. Each engine adds the variables that
+#: describe only the node poprun runs on (``JobAllocation.local_only``: the PBS node file,
+#: Grid Engine's ``PE_HOSTFILE`` and ``TMPDIR``, LSF's ``LSB_DJOB_HOSTFILE``, ...).
 DENY_PREFIXES: tuple[str, ...] = ("BASH_FUNC_", "OMPI_", "PMIX_", "POPDIST_", "SLURM_", "SLURMD_")
-DENY_NAMES = frozenset({"OLDPWD", "_", "PWD", "SHLVL", VISIBLE_DEVICES})
+DENY_NAMES = frozenset(
+    {"OLDPWD", "_", "PWD", "SHLVL", VISIBLE_DEVICES, "HOSTNAME", "K_MPI_JOB_ROLE"}
+)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: Set for every instance so that Python output streams live, not at exit.
@@ -88,13 +94,17 @@ def with_allocator_defaults(config: RunConfig, environ: Mapping[str, str]) -> di
     return {**environ, **allocator_defaults(environ)}
 
 
-def forwarded_names(environ: Mapping[str, str]) -> list[str]:
-    """The user's variables to export by name, sorted."""
+def forwarded_names(
+    environ: Mapping[str, str], local_only: frozenset[str] = frozenset()
+) -> list[str]:
+    """The user's variables to export by name, sorted: all but :data:`DENY_NAMES`, the
+    prefixes, and ``local_only`` (the engine's variables of this node alone)."""
     return sorted(
         name
         for name in environ
         if _NAME.match(name)
         and name not in DENY_NAMES
+        and name not in local_only
         and (not name.startswith(DENY_PREFIXES) or name in contract.USER_TUNING)
     )
 

@@ -20,13 +20,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from poprun.config.user_files import read_user_file
 from poprun.errors import PoprunError
-from poprun.plan.engines.allocation import JobAllocation, check_hosts, place
+from poprun.plan.engines import hostfile
+from poprun.plan.engines.allocation import Allocation, JobAllocation, check_hosts, place
+from poprun.plan.engines.hostfile import FileHosts
 
 if TYPE_CHECKING:
     import ipaddress
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+#: mpirun's words for "more instances than slots" (in ``--mpi-global-args``).
+_OVERSUBSCRIBE = frozenset({"--oversubscribe", "-oversubscribe"})
 #: The most hosts one job may list (ranges included): more is a typo, not a cluster.
 MAX_HOSTS = 65536
 
@@ -119,21 +123,23 @@ def parse_host_list(values: list[str] | tuple[str, ...], option: str = "--host")
     return tuple(hosts)
 
 
-def parse_host_file(path: str) -> tuple[str, ...]:
-    """Read one host (or range) a line; ``#`` starts a comment; blank lines are skipped."""
-    option = "--host-file"
+def read_host_file(path: str, option: str = "--host-file") -> FileHosts:
+    """A host file in poprun's format (a host or range a line) or Open MPI's (``slots=``),
+    read and checked (:mod:`poprun.plan.engines.hostfile`)."""
     text = read_user_file(option, path, "host file (one host a line)")
-    hosts: list[str] = []
-    for line in text.splitlines():
-        entry = line.split("#", 1)[0].strip()
-        if entry:
-            hosts.extend(_expand(entry, option, MAX_HOSTS - len(hosts)))
-    if not hosts:
-        raise PoprunError(
-            option, path, "lists no hosts", "put one host a line (lines starting '#' are comments)"
-        )
-    _refuse_duplicates(hosts, option, path)
-    return tuple(hosts)
+    room = [MAX_HOSTS]
+
+    def expand(item: str, source: str, where: str) -> list[str]:
+        names = _expand(item, source, room[0])
+        room[0] -= len(names)
+        return names
+
+    return hostfile.parse(text, option, path, expand=expand)
+
+
+def parse_host_file(path: str) -> tuple[str, ...]:
+    """The hosts of a host file, in order."""
+    return read_host_file(path).hosts
 
 
 def _refuse_duplicates(hosts: list[str], option: str, value: str | None = None) -> None:
@@ -192,16 +198,34 @@ class HostList(NamedTuple):
 
 
 class HostFile(NamedTuple):
-    """``--host-file``: one host (or range) a line."""
+    """``--host-file``: poprun's format (the hosts share the instances evenly) or Open MPI's
+    (the instances fill the hosts in order up to their slots; more than the file's slots
+    only with ``--oversubscribe`` in the mpirun arguments)."""
 
     path: str
     option: str = "--host-file"
+    oversubscribe: bool = False
 
     def hosts(self) -> tuple[str, ...]:
-        return parse_host_file(self.path)
+        return read_host_file(self.path, self.option).hosts
 
     def place(self, num_instances: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        return share_evenly(self.hosts(), num_instances)
+        listed = read_host_file(self.path, self.option)
+        if not listed.slotted:
+            return share_evenly(listed.hosts, num_instances)
+        slots = self._allocation(listed)
+        return place(slots, num_instances, oversubscribe=self.oversubscribe)
+
+    def slots(self) -> Allocation | None:
+        """The file's slots as an allocation (None: poprun's format, no slots)."""
+        listed = read_host_file(self.path, self.option)
+        return self._allocation(listed) if listed.slotted else None
+
+    def _allocation(self, listed: FileHosts) -> Allocation:
+        return Allocation(
+            "host file", "", listed.hosts, listed.slots, self.option, self.path,
+            more="give the hosts more slots in the file",
+        )  # fmt: skip
 
 
 class JobHosts(NamedTuple):
@@ -262,7 +286,8 @@ def host_source(
     if "host" in values:
         named = HostList(tuple(values["host"]))
     elif "host_file" in values:
-        named = HostFile(values["host_file"])
+        args = values.get("mpi_global_args", ())
+        named = HostFile(values["host_file"], oversubscribe=bool(_OVERSUBSCRIBE & set(args)))
     if named is not None:
         return named if allocation is None else WithinAllocation(named, allocation)
     if allocation is not None:
@@ -271,11 +296,14 @@ def host_source(
 
 
 def is_local(host: str) -> bool:
-    """Whether ``host`` names the machine poprun runs on: its name or one of its addresses."""
+    """Whether ``host`` names the machine poprun runs on: its name, the first label of its
+    name (``job-launcher.job.default.svc`` in a pod named ``job-launcher``), a name
+    ``/etc/hosts`` gives one of its addresses, or one of its addresses."""
     if host == "localhost":
         return True
     name = socket.gethostname()
-    if host in {name, name.split(".", 1)[0]}:
+    first = name.split(".", 1)[0]
+    if host in {name, first} or host.split(".", 1)[0] == first or host in local_names():
         return True
     import ipaddress  # only for a host given by address: not on a local launch's path
 
@@ -284,6 +312,32 @@ def is_local(host: str) -> bool:
     except ValueError:
         return False
     return address.is_loopback or address in local_addresses()
+
+
+@functools.cache
+def local_names(path: str = "/etc/hosts") -> frozenset[str]:
+    """The names ``path`` gives this machine's own addresses (a pod's FQDN, an alias): read
+    once, no lookup (a name only DNS knows is not recognised)."""
+    import ipaddress
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return frozenset()
+    own = local_addresses()
+    names: set[str] = set()
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if len(words) < 2:
+            continue
+        try:
+            address = ipaddress.ip_address(words[0])
+        except ValueError:
+            continue
+        if address.is_loopback or address in own:
+            names.update(words[1:])
+    return frozenset(names)
 
 
 @functools.cache

@@ -78,6 +78,10 @@ class SlurmAllocation(NamedTuple):
         return "ask Slurm for more tasks (--ntasks, --ntasks-per-node)"
 
     @property
+    def announce(self) -> str:
+        return ""
+
+    @property
     def local_only(self) -> frozenset[str]:
         """None beyond ``SLURM_*``, which is never forwarded: each node's instances get
         Slurm's variables from the ``srun`` step that started Open MPI's daemon there."""

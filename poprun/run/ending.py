@@ -152,6 +152,8 @@ class _Attempt:
         self.lost = self.readmitting = False
         #: An instance has made progress (a collective or a step) in this attempt.
         self.moved = False
+        #: ``--sigterm-grace``: when the SIGTERM that came is forwarded, if the job still runs.
+        self.forward_at: float | None = None
 
 
 class EndingPolicy:
@@ -165,8 +167,11 @@ class EndingPolicy:
         remote: bool = False,
         max_restarts: int = 0,
         time_limit: TimeLimit | None = None,
+        sigterm_grace: float | None = None,
     ) -> None:
         self.clock = clock
+        #: ``--sigterm-grace``: SIGTERM is the save-now notice first, forwarded this late.
+        self.sigterm_grace = sigterm_grace
         #: The save-now notice and the end before the Slurm job's (job-wide, not per attempt).
         self.time_limit = time_limit or TimeLimit()
         self.timeout = timeout
@@ -204,6 +209,8 @@ class EndingPolicy:
         name = _name(signum)
         if not now.started or now.returncode is not None:
             return []  # no job, or it has ended: the signal only sets the exit code
+        if len(now.signals) == 1 and signum == signal.SIGTERM and self.sigterm_grace:
+            return _save_first(self, name)
         if len(now.signals) == 1:
             now.kill_at = self._sooner(now.kill_at, self.clock() + self.grace_s)
             return [Action(Do.FORWARD, f"received {name}: forwarding it to mpirun", signum)]
@@ -287,7 +294,7 @@ class EndingPolicy:
         t = self.clock()
         actions: list[Action] = []
         if now.started and now.returncode is None:
-            actions += _time_limit_actions(self, t)
+            actions += _time_limit_actions(self, t) + _forward_actions(now, t, self.grace_s)
         if now.deadline is not None and t >= now.deadline and now.returncode is None:
             now.deadline = None
             now.timed_out = True
@@ -317,7 +324,8 @@ class EndingPolicy:
         running = now.returncode is None
         limit = self.time_limit.next_time(now.deadline) if running else None
         hang = self.hang.next_check() if running else None
-        times = (now.deadline, now.kill_at, now.drain_until, limit, hang)
+        forward = now.forward_at if running else None
+        times = (now.deadline, now.kill_at, now.drain_until, limit, hang, forward)
         soonest = min((t for t in times if t is not None), default=None)
         if soonest is None:
             return None
@@ -432,6 +440,29 @@ def _unprovoked(now: _Attempt) -> bool:
     no local instance has ended (poprun does not see its status): a remote instance's end is
     then evidence about its host."""
     return now.kill_at is None and now.returncode is None and not now.exited
+
+
+def _save_first(policy: EndingPolicy, name: str) -> list[Action]:
+    """SIGTERM with ``--sigterm-grace`` (a pod deleted, a PBS or LSF job ended): the save-now
+    notice now, on the time limit's path (sent again until the job ends), and SIGTERM to
+    mpirun only if the job still runs when the grace has passed."""
+    now = policy.now
+    grace = policy.sigterm_grace or 0.0
+    now.forward_at = policy.clock() + grace
+    why = policy.time_limit.received(
+        f"received {name} (--sigterm-grace={grace:g})", policy.clock(), running=True
+    )
+    return [_notify(why)] if why else []
+
+
+def _forward_actions(now: _Attempt, t: float, grace_s: float) -> list[Action]:
+    """The SIGTERM held back by ``--sigterm-grace``, once its grace has passed."""
+    if now.forward_at is None or t < now.forward_at:
+        return []
+    now.forward_at = None
+    now.kill_at = t + grace_s if now.kill_at is None else min(now.kill_at, t + grace_s)
+    why = "--sigterm-grace passed and the job still runs: forwarding SIGTERM to mpirun"
+    return [Action(Do.FORWARD, why, signal.SIGTERM)]
 
 
 def _notify(why: str) -> Action:

@@ -159,6 +159,7 @@ def _policy(config: RunConfig, topology: Topology, env: Mapping[str, str]) -> En
         remote=remote,
         max_restarts=config.max_restarts,
         time_limit=limit,
+        sigterm_grace=config.sigterm_grace,
     )
     policy.hang = HangWatch(config.hang_timeout, config.on_hang)
     return policy

@@ -96,19 +96,18 @@ def test_the_check_uses_open_mpis_launch_agent(
 
 
 @pytest.mark.parametrize(
-    ("args", "environ", "expected"),
+    ("args", "environ", "engine_ssh", "expected"),
     [
-        ([], {}, False),
-        ([], {"SLURM_JOB_ID": "7"}, True),
-        ([], {"PBS_JOBID": "7.server"}, False),
-        (["--mca", "plm", "rsh"], {"SLURM_JOB_ID": "7"}, False),
-        ([], {"OMPI_MCA_plm": "slurm"}, True),
+        ([], {}, True, False),
+        ([], {}, False, True),  # the engine starts them (srun, qrsh -inherit, blaunch)
+        (["--mca", "plm", "rsh"], {}, False, False),  # the user's plm wins
+        ([], {"OMPI_MCA_plm": "slurm"}, True, True),
     ],
 )
 def test_no_check_when_a_scheduler_starts_the_daemons(
-    args: list[str], environ: dict[str, str], expected: bool
+    args: list[str], environ: dict[str, str], engine_ssh: bool, expected: bool
 ) -> None:
-    assert reach.launched_by_scheduler(environ, args) is expected
+    assert reach.launched_by_scheduler(environ, args, engine_ssh) is expected
 
 
 def test_poprun_names_the_unreachable_host_and_launches_nothing(
@@ -125,6 +124,8 @@ def test_poprun_names_the_unreachable_host_and_launches_nothing(
         "2",
         "-H",
         "nodeA,nodeB",
+        "--ssh-wait",
+        "0",
         "/bin/sh",
         "-c",
         f"touch {marker}",

@@ -314,17 +314,27 @@ def test_a_remote_instance_killed_by_a_signal_is_named(clean_hosts: Hosts, run: 
     assert "poprun: instance 2 failed first: killed by signal 9 (SIGKILL) (host h2" in done.stdout
 
 
-def test_an_unreachable_host_is_named_in_one_line(clean_hosts: Hosts, tmp_path: Path) -> None:
+@pytest.mark.parametrize("wait", ["0", "2"])
+def test_an_unreachable_host_is_named_in_one_line(
+    clean_hosts: Hosts, tmp_path: Path, wait: str
+) -> None:
+    """Refused: tried again each second for --ssh-wait (one line says so), then one line
+    naming the host; nothing launched."""
     done = poprun_on(
         clean_hosts,
-        "--num-instances", "2", "--num-replicas", "2", "-H", f"h2,{DOWN}",
+        "--num-instances", "2", "--num-replicas", "2", "-H", f"h2,{DOWN}", "--ssh-wait", wait,
         "/bin/sh", "-c", f"touch {tmp_path / 'ran'}",
     )  # fmt: skip
     assert done.returncode == 2, done.stdout
     lines = done.stdout.strip().splitlines()
+    if wait != "0":
+        waiting = lines.pop(0)
+        assert waiting.startswith(f"poprun: waiting for 1 host(s) to answer ssh ({DOWN}: ")
+        assert waiting.endswith(f"trying again for up to {wait} s (--ssh-wait)")
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"poprun: error: --host={DOWN}: cannot be reached by ssh")
     assert "Connection refused" in lines[0]
+    assert (f"(tried for {wait} s, --ssh-wait)" in lines[0]) is (wait != "0")
     assert not (tmp_path / "ran").exists()
 
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 HOST = {
     "mpirun": "/usr/bin/mpirun",
     "mpirun_version": "mpirun (Open MPI) 4.1.4",
-    "slurm": None,
+    "cluster": None,
     "ssh": "/usr/bin/ssh",
     "ssh_version": "OpenSSH_9.2p1",
     "fabric": [],
@@ -44,7 +44,7 @@ def test_without_horovod_a_job_can_run_on_the_torch_backend() -> None:
     assert "[X] torch.distributed: [X] gloo [ ] MPI [ ] NCCL" in text
     assert "--backend auto takes: torch" in text
     assert "horovod (the horovod backend): missing horovod" in text
-    assert "Slurm: none around poprun" in text and "GPUs torch sees: none" in text
+    assert "Cluster: none around poprun" in text and "GPUs torch sees: none" in text
     assert "fabric: none (jobs across hosts, this one among them, take Open MPI's TCP path)" in text
     lines, _ = render(_probe(), HOST | {"fabric": ["mlx5_0", "mlx5_1"]})
     assert "fabric: mlx5_0, mlx5_1 (Open MPI picks it for jobs across hosts)" in lines
@@ -56,10 +56,11 @@ def test_horovod_shows_its_controllers_and_tensor_operations() -> None:
         "controllers": {"MPI": True, "Gloo": True},
         "operations": {"NCCL": False, "DDL": False, "CCL": False, "MPI": True, "Gloo": True},
     }
-    lines, _ = render(_probe(horovod=horovod), HOST | {"slurm": {"job": "7", "nodes": "n[1-2]"}})
+    job = "Slurm allocation: job 7, nodes n[1-2] (SLURM_JOB_NODELIST), ..."
+    lines, _ = render(_probe(horovod=horovod), HOST | {"cluster": job})
     assert "        controllers:       [X] MPI [X] Gloo" in lines
     assert "        tensor operations: [ ] NCCL [ ] DDL [ ] CCL [X] MPI [X] Gloo" in lines
-    assert "Slurm: job 7 on n[1-2]" in lines
+    assert f"Cluster: {job}" in lines
 
 
 def test_no_mpirun_or_no_backend_means_no_job() -> None:

@@ -32,6 +32,9 @@ def _bomb(levels: int) -> str:
 FILES = {
     "empty.hosts": "# nothing here\n\n",
     "dup.hosts": "node0\nnode1 # second\nnode0\n",
+    "neither.hosts": "node0 slots=2\nnode1 fast\n",
+    "zero.hosts": "node0 slots=0\n",
+    "slots.hosts": "# Open MPI's format\nnode0 slots=2\nnode1:2\n",
     "bad.yaml": "num-replicas: [1\n",
     "unknown.yaml": "num-replicas: 2\nnum-gpus: 4\n",
     "list.yaml": "- 1\n- 2\n",
@@ -92,9 +95,19 @@ CASES: list[tuple[str, list[str], list[str]]] = [
         ["--host-file=empty.hosts", "no hosts"],
     ),
     (
-        "duplicate in host file",
-        ["--host-file", "dup.hosts", "--num-instances", "2", "--num-replicas", "2", "true"],
-        ["'node0' is listed twice"],
+        "host file line in neither format",
+        ["--host-file", "neither.hosts", "true"],
+        ["--host-file=neither.hosts:2", "'node1 fast' is in neither", "slots=N"],
+    ),
+    (
+        "slots= not a positive integer",
+        ["--host-file", "zero.hosts", "true"],
+        ["--host-file=zero.hosts:1", "slots '0' is not a positive whole number"],
+    ),
+    (
+        "more instances than a host file's slots",
+        ["--host-file", "slots.hosts", "--num-instances", "6", "--num-replicas", "6", "true"],
+        ["--num-instances=6", "more than the 4 slots of host file", "slots.hosts", "--oversubscribe"],
     ),
     (
         "missing host file",

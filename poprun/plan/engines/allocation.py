@@ -73,6 +73,10 @@ class JobAllocation(Protocol):
     def slot_word(self) -> str: ...
     @property
     def ask_for_more(self) -> str: ...
+    #: A line to print at launch ("" for none): how daemons start, where the engine leaves a
+    #: choice (LSF: ``blaunch`` or ssh).
+    @property
+    def announce(self) -> str: ...
     @property
     def total_tasks(self) -> int: ...
     def slots(self, node: str) -> int: ...
@@ -95,6 +99,9 @@ class Allocation(NamedTuple):
     #: Whether ``tasks`` are the engine's slot counts (False: it lists hosts only, and the
     #: instances are shared evenly, as for ``-H``).
     slotted: bool = True
+    #: How to get more slots (default: ask the engine).
+    more: str = ""
+    announce: str = ""
 
     @property
     def tasks_variable(self) -> str:
@@ -106,7 +113,7 @@ class Allocation(NamedTuple):
 
     @property
     def ask_for_more(self) -> str:
-        return f"ask {self.engine} for more slots"
+        return self.more or f"ask {self.engine} for more slots"
 
     @property
     def tasks_text(self) -> str:

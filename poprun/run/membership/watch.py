@@ -92,10 +92,12 @@ def slurm_addresses(nodes: Sequence[str], environ: Mapping[str, str]) -> list[st
 
 
 def ssh_agent(global_args: Sequence[str], environ: Mapping[str, str]) -> list[str] | None:
-    """The agent, less any ``-o ControlPath=...``, with no master of its own."""
+    """The agent and Open MPI's ``plm_rsh_args`` (a port), less any ``-o ControlPath=...``,
+    with no master of its own."""
     words = ssh_check.agent(global_args, environ)
     if words is None:
         return None
+    words = [*words, *ssh_check.rsh_args(global_args, environ)]
     kept: list[str] = []
     skip = False
     for i, word in enumerate(words):
