@@ -2,18 +2,28 @@
 
 Each host ``hK`` is a network namespace with ``lo`` and ``eth0`` (address ``10.77.0.1K/24``,
 no default route), its own hostname and ``/etc/hosts`` (a UTS and a mount namespace held by
-its sshd), and an sshd that accepts root by key only. The hosts' ``eth0`` ends meet on a
-bridge in one more namespace, the switch: the bridge is never in this machine's own
-namespace, so nothing reaches the machine's network and nothing leaves it.
+a holder process, ``sleep infinity``), and an sshd that accepts root by key only. The hosts'
+``eth0`` ends meet on a bridge in one more namespace, the switch: the bridge is never in this
+machine's own namespace, so nothing reaches the machine's network and nothing leaves it.
 
 The client side is one executable, ``ssh-wrapper`` (``ssh -F <generated config>``, a
 generated ``known_hosts``, ``BatchMode``), which Open MPI uses as its agent through
 ``OMPI_MCA_plm_rsh_agent``. Jobs are launched from *inside* a host (``Hosts.on``): the root
 namespace has no route to the hosts, and a name lookup there would leave the machine.
 
+For the clusters users have (``tests/multihost/pods.py``: Kubernetes pods, PBS and LSF
+nodes), a set of hosts can also take other names (``names``), more names each in every
+host's ``/etc/hosts`` (``aliases``: cluster-DNS FQDNs), directories that are the host's own
+copy-on-write (``private_dirs``: files written there with :meth:`Hosts.write`, such as
+``/etc/mpi/hostfile``, exist in that host only), no sshd of the harness's (``sshd=False``)
+and sshds started and stopped at any time (:meth:`Hosts.start_sshd`, :meth:`Hosts.stop_sshd`).
+Daemons of a harness built on the hosts (Grid Engine's) start inside a host with
+:meth:`Hosts.spawn_daemon`; like the sshds they are never a job's leftovers.
+
 Pure stdlib plus ``ip``, ``unshare``, ``nsenter``, ``ssh``, ``ssh-keygen`` and ``sshd``. Needs
-root. ``python -m tests.multihost.hosts check`` says whether this machine can run them;
-``python -m tests.multihost.hosts up 2`` brings two hosts up until Ctrl-C.
+root. ``python -m tests.support.hosts check`` (or ``tests.multihost.hosts``, its old name)
+says whether this machine can run them; ``python -m tests.support.hosts up 2`` brings two
+hosts up until Ctrl-C.
 
 Facts behind this recipe: ``docs/multihost.md`` ("Testing without a cluster").
 """
@@ -21,6 +31,7 @@ Facts behind this recipe: ``docs/multihost.md`` ("Testing without a cluster").
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shlex
@@ -34,7 +45,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.support.processes import HARNESS_DAEMONS, reap_children
+from tests.support.processes import HARNESS_DAEMONS, end_with_parent, reap_children
 
 SUBNET = "10.77.0"
 #: Namespace names: ``pdh<pid of the creating process>_<set>-<host>``; a set whose creator
@@ -128,37 +139,66 @@ def remove_stale() -> list[str]:
 
 
 class Hosts:
-    """``count`` namespace hosts ``h1`` … ``hN``; use as a context manager, or :meth:`close`."""
+    """``count`` namespace hosts ``h1`` … ``hN``; use as a context manager, or :meth:`close`.
 
-    def __init__(self, count: int) -> None:
+    ``names``: other host names (``pj-launcher``, ``pj-worker-0``, ...; namespaces, ports
+    and addresses still go by position). ``aliases``: more names of a host, on its line of
+    every host's ``/etc/hosts`` (``pj-worker-0.pj.default.svc``). ``private_dirs``:
+    directories (``/etc``, ``/root``) that are each host's own copy-on-write view of this
+    machine's, so that :meth:`write` can put files at real paths in one host only. ``sshd``:
+    start the harness's sshd on each host (port 22, the wrapper's); without it a host has
+    none until :meth:`start_sshd`.
+    """
+
+    def __init__(
+        self,
+        count: int,
+        *,
+        names: Sequence[str] = (),
+        aliases: Mapping[str, Sequence[str]] | None = None,
+        private_dirs: Sequence[str] = (),
+        sshd: bool = True,
+    ) -> None:
         if not 1 <= count <= 9:
             raise ValueError(f"count={count}: between 1 and 9 hosts")
+        if names and len(names) != count:
+            raise ValueError(f"{len(names)} names for {count} hosts")
         reason = unavailable()
         if reason is not None:
             raise RuntimeError(reason)
         remove_stale()
-        self.names = [f"h{k}" for k in range(1, count + 1)]
+        self.names = list(names) or [f"h{k}" for k in range(1, count + 1)]
         self.addresses = {name: f"{SUBNET}.{10 + k}" for k, name in enumerate(self.names, 1)}
+        self.aliases = {name: list((aliases or {}).get(name, ())) for name in self.names}
+        self.private_dirs = tuple(private_dirs)
         self.state = Path(tempfile.mkdtemp(prefix="popdist-hosts-"))
         global _made
         _made += 1
         self._tag = f"{PREFIX}{os.getpid()}_{_made}"
         self._switch = f"{self._tag}-sw"
+        self._holder: dict[str, subprocess.Popen[bytes]] = {}
         self._sshd: dict[str, subprocess.Popen[bytes]] = {}
+        self._sshd_config: dict[str, Path] = {}
+        self._daemons: dict[str, dict[int, subprocess.Popen[bytes]]] = {h: {} for h in self.names}
         self._namespaces: list[str] = []
         try:
             self._make_network()
             self._write_ssh_files()
-            self._start_sshds()
+            self._start_holders()
+            if sshd:
+                self._start_sshds()
         except BaseException:
             self.close()
             raise
 
     # --- set-up -------------------------------------------------------------------------------
 
+    def _index(self, host: str) -> int:
+        return self.names.index(host) + 1
+
     def namespace(self, host: str) -> str:
         """The network namespace of ``host``."""
-        return f"{self._tag}-{host}"
+        return f"{self._tag}-h{self._index(host)}"
 
     def _make_network(self) -> None:
         _run("ip", "netns", "add", self._switch)
@@ -169,7 +209,7 @@ class Hosts:
             ns = self.namespace(host)
             _run("ip", "netns", "add", ns)
             self._namespaces.append(ns)
-            port = f"p{host}"
+            port = f"ph{self._index(host)}"
             _run("ip", "-n", self._switch, "link", "add", port, "type", "veth",
                  "peer", "name", "eth0", "netns", ns)  # fmt: skip
             _run("ip", "-n", self._switch, "link", "set", port, "master", "br0", "up")
@@ -184,16 +224,20 @@ class Hosts:
         host_key = (s / "host_key.pub").read_text().split()
         (s / "authorized_keys").write_text((s / "client_key.pub").read_text())
         (s / "known_hosts").write_text(
-            "".join(f"{h},{a} {host_key[0]} {host_key[1]}\n" for h, a in self.addresses.items())
+            "".join(
+                f"{','.join([h, *self.aliases[h], a])} {host_key[0]} {host_key[1]}\n"
+                for h, a in self.addresses.items()
+            )
         )
         lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
-        lines += [f"{a} {h}" for h, a in self.addresses.items()]
+        lines += [" ".join([a, *self.aliases[h], h]) for h, a in self.addresses.items()]
         lines.append(f"{SUBNET}.99 {DOWN}")
         (s / "hosts").write_text("\n".join(lines) + "\n")
         (s / "resolv.conf").write_text("# namespace hosts: names come from /etc/hosts only\n")
         config = []
         for host, address in self.addresses.items():
-            config += [f"Host {host} {address}", f"    HostName {address}"]
+            config += [f"Host {' '.join([host, *self.aliases[host], address])}"]
+            config += [f"    HostName {address}"]
         config += [f"Host {DOWN}", f"    HostName {self.addresses[self.names[0]]}", "    Port 9"]
         config += [
             "Host *",
@@ -213,80 +257,178 @@ class Hosts:
         wrapper.write_text(f'#!/bin/sh\nexec ssh -F {config_path} "$@"\n')
         wrapper.chmod(0o755)
 
-    def _start_sshds(self) -> None:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
-        sshd = _sshd_path()
-        assert sshd is not None
+    def _start_holders(self) -> None:
+        """Each host's holder: its hostname, its private directories, its ``/etc/hosts``."""
         for host in self.names:
             d = self.state / host
             d.mkdir()
-            (d / "sshd_config").write_text(
-                "\n".join(
-                    [
-                        f"ListenAddress {self.addresses[host]}",
-                        f"HostKey {self.state / 'host_key'}",
-                        f"PidFile {d / 'sshd.pid'}",
-                        f"AuthorizedKeysFile {self.state / 'authorized_keys'}",
-                        "PermitRootLogin prohibit-password",
-                        "PasswordAuthentication no",
-                        "KbdInteractiveAuthentication no",
-                        "UsePAM no",
-                        "StrictModes no",
-                        "UseDNS no",
-                        "PrintMotd no",
-                        "PrintLastLog no",
-                        "MaxStartups 200",
-                        "MaxSessions 100",
-                        "LogLevel ERROR",
-                        # A session whose client went while the host was cut off (no FIN)
-                        # ends within 6 s of the link coming back, as on a cluster that sets it
-                        "ClientAliveInterval 2",
-                        "ClientAliveCountMax 3",
-                    ]
-                )
-                + "\n"
-            )
-            _run(sshd, "-t", "-f", str(d / "sshd_config"))
-            self._launch_sshd(host)
+            q = {k: shlex.quote(str(v)) for k, v in (
+                ("hosts", self.state / "hosts"), ("resolv", self.state / "resolv.conf"),
+                ("ready", d / "ready"),
+            )}  # fmt: skip
+            script = [f"hostname {shlex.quote(host)}"]
+            for k, directory in enumerate(self.private_dirs):
+                cow = shlex.quote(str(d / f"cow{k}"))
+                (d / f"cow{k}").mkdir()
+                script += [
+                    f"mount -t tmpfs -o size=64m,mode=755 tmpfs {cow}",
+                    f"mkdir {cow}/upper {cow}/work",
+                    f"mount -t overlay overlay -o lowerdir={shlex.quote(directory)},"
+                    f"upperdir={cow}/upper,workdir={cow}/work {shlex.quote(directory)}",
+                ]
+            script += [
+                f"mount --bind {q['hosts']} /etc/hosts",
+                f"mount --bind {q['resolv']} /etc/resolv.conf",
+                f"touch {q['ready']}",
+                "exec sleep infinity",
+            ]
+            with open(d / "holder.log", "wb") as log:
+                self._holder[host] = subprocess.Popen(
+                    ["ip", "netns", "exec", self.namespace(host),
+                     "unshare", "--uts", "--mount", "/bin/sh", "-c", " && ".join(script)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    start_new_session=True,
+                )  # fmt: skip
+            HARNESS_DAEMONS.add(self._holder[host].pid)
         deadline = time.monotonic() + _READY_S
-        for host, proc in self._sshd.items():
-            pidfile = self.state / host / "sshd.pid"
-            while not pidfile.exists():  # sshd writes it once it listens
+        for host, proc in self._holder.items():
+            while not (self.state / host / "ready").exists():
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    text = (self.state / host / "start.log").read_text(errors="replace")
-                    raise RuntimeError(f"sshd on {host} did not start: {text.strip()}")
+                    text = (self.state / host / "holder.log").read_text(errors="replace")
+                    raise RuntimeError(f"host {host} was not made: {text.strip()}")
                 time.sleep(0.01)
+
+    def sshd_config(self, host: str, *extra: str, listen: str = "") -> Path:
+        """Write an sshd configuration for ``host`` (key login for root only, the harness's
+        keys unless ``extra`` says otherwise; ``listen``: its ``ListenAddress`` lines, by
+        default the host's address on port 22) and check it; return its path."""
+        d = self.state / host
+        path = d / f"sshd_config{len(list(d.glob('sshd_config*')))}"
+        path.write_text(
+            "\n".join(
+                [
+                    *extra,  # first: sshd takes the first value of each keyword
+                    listen or f"ListenAddress {self.addresses[host]}",
+                    f"HostKey {self.state / 'host_key'}",
+                    f"PidFile {path}.pid",
+                    f"AuthorizedKeysFile {self.state / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "UseDNS no",
+                    "PrintMotd no",
+                    "PrintLastLog no",
+                    "MaxStartups 200",
+                    "MaxSessions 100",
+                    "LogLevel ERROR",
+                    # A session whose client went while the host was cut off (no FIN)
+                    # ends within 6 s of the link coming back, as on a cluster that sets it
+                    "ClientAliveInterval 2",
+                    "ClientAliveCountMax 3",
+                ]
+            )
+            + "\n"
+        )
+        sshd = _sshd_path()
+        assert sshd is not None
+        _run(sshd, "-t", "-f", str(path))
+        return path
+
+    def _start_sshds(self) -> None:
+        for host in self.names:
+            self.start_sshd(host, wait=False)
+        for host in self.names:
+            self._wait_listening(host)
         with ThreadPoolExecutor(len(self.names)) as pool:
             checks = list(pool.map(self._check, self.names))
         failed = [text for text in checks if text]
         if failed:
             raise RuntimeError("; ".join(failed))
 
-    def _launch_sshd(self, host: str) -> None:
-        """Start ``host``'s sshd in its namespace, with its own hostname and /etc/hosts."""
+    def start_sshd(
+        self,
+        host: str,
+        config: Path | None = None,
+        *,
+        wait: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> int:
+        """Start an sshd in ``host`` (``config``: by default :meth:`sshd_config`'s) and,
+        with ``wait``, return once it listens; its pid. ``env``: the daemon's environment
+        (a pod's: what its container was given), by default this process's."""  # fmt: skip
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+        if host in self._sshd and self._sshd[host].poll() is None:
+            raise RuntimeError(f"{host} already runs an sshd ({self._sshd[host].pid})")
         sshd = _sshd_path()
         assert sshd is not None
-        d = self.state / host
-        (d / "sshd.pid").unlink(missing_ok=True)
-        q = {k: shlex.quote(str(v)) for k, v in (
-            ("hosts", self.state / "hosts"), ("resolv", self.state / "resolv.conf"),
-            ("sshd", sshd), ("config", d / "sshd_config"), ("log", d / "sshd.log"),
-        )}  # fmt: skip
-        script = (
-            f"hostname {host} && mount --bind {q['hosts']} /etc/hosts && "
-            f"mount --bind {q['resolv']} /etc/resolv.conf && "
-            f"exec {q['sshd']} -D -f {q['config']} -E {q['log']}"
-        )
-        with open(d / "start.log", "wb") as log:
-            self._sshd[host] = subprocess.Popen(
-                ["ip", "netns", "exec", self.namespace(host),
-                 "unshare", "--uts", "--mount", "/bin/sh", "-c", script],
+        config = config or self.sshd_config(host)
+        Path(f"{config}.pid").unlink(missing_ok=True)
+        log = self.state / host / f"{config.name}.log"
+        argv = [sshd, "-D", "-f", str(config), "-E", str(log)]
+        self._sshd[host] = self.spawn_daemon(host, argv, env=env)
+        self._sshd_config[host] = config
+        if wait:
+            self._wait_listening(host)
+        return self._sshd[host].pid
+
+    def _wait_listening(self, host: str) -> None:
+        proc = self._sshd[host]
+        pidfile = Path(f"{self._sshd_config[host]}.pid")
+        deadline = time.monotonic() + _READY_S
+        while not pidfile.exists():  # sshd writes it once it listens
+            if proc.poll() is not None or time.monotonic() > deadline:
+                text = Path(f"{self.state / host}/start.log").read_text(errors="replace")
+                raise RuntimeError(f"sshd on {host} did not start: {text.strip()}")
+            time.sleep(0.01)
+
+    def stop_sshd(self, host: str) -> None:
+        """End ``host``'s sshd listener (by pid); sessions it already opened go on."""
+        self.end_daemon(host, self._sshd.pop(host))
+
+    def spawn_daemon(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """``argv`` started inside ``host`` as a daemon of the harness: in a session of its
+        own, ended when this process dies (``PR_SET_PDEATHSIG``), never counted among a
+        job's leftovers, and ended by pid at :meth:`close` (or :meth:`end_daemon`). Its
+        stderr goes to ``start.log`` in the host's state directory.
+
+        Start it from a thread that lives as long as the daemon should (the main thread):
+        the kernel signals the daemon when the *thread* that started it ends."""  # fmt: skip
+        with open(self.state / host / "start.log", "ab") as log:
+            proc = subprocess.Popen(
+                self.on(host, argv, cwd=cwd or "/"),
+                env=dict(os.environ if env is None else env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 start_new_session=True,
-            )  # fmt: skip
-        HARNESS_DAEMONS.add(self._sshd[host].pid)
+                preexec_fn=functools.partial(end_with_parent, os.getpid()),
+            )
+        self._daemons[host][proc.pid] = proc
+        HARNESS_DAEMONS.add(proc.pid)
+        return proc
+
+    def end_daemon(self, host: str, proc: subprocess.Popen[bytes], within: float = 10.0) -> None:
+        """SIGTERM a daemon of :meth:`spawn_daemon` by pid; SIGKILL after ``within`` s."""
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=within)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._daemons[host].pop(proc.pid, None)
+        HARNESS_DAEMONS.discard(proc.pid)
 
     def _check(self, host: str) -> str:
         done = subprocess.run(
@@ -311,15 +453,19 @@ class Hosts:
         return {**base, "OMPI_MCA_plm_rsh_agent": str(self.ssh_wrapper)}
 
     def sshd_pid(self, host: str) -> int:
-        """The pid of ``host``'s sshd, which holds its namespaces."""
+        """The pid of ``host``'s sshd listener (KeyError when it runs none)."""
         return self._sshd[host].pid
+
+    def holder_pid(self, host: str) -> int:
+        """The pid of the process that holds ``host``'s namespaces."""
+        return self._holder[host].pid
 
     def on(self, host: str, argv: Sequence[str], cwd: str | None = None) -> list[str]:
         """``argv`` run inside ``host`` (its network, hostname and /etc/hosts), same cwd and env."""
         return [
             "nsenter",
             "-t",
-            str(self.sshd_pid(host)),
+            str(self.holder_pid(host)),
             "-n",
             "-u",
             "-m",
@@ -328,24 +474,45 @@ class Hosts:
             *argv,
         ]
 
-    def own_disks(self, path: Path) -> None:
+    def own_disks(self, path: Path, size: str = "64m") -> None:
         """Give every host a disk of its own at ``path``: a tmpfs mounted in its mount
         namespace (private: the mount propagates nowhere). What one host writes there no
         other host sees, nor this machine; a host's disk goes with its last process."""
         path.mkdir(parents=True, exist_ok=True)
         for host in self.names:
-            _run(*self.on(host, ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)]))
+            self.own_disk(host, path, size)
+
+    def own_disk(self, host: str, path: Path, size: str = "64m") -> None:
+        """A tmpfs of ``size`` at ``path`` (which must exist) in ``host`` only: a pod's
+        ``/dev/shm`` of 64 MiB, say."""
+        _run(*self.on(host, ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]))
 
     def read(self, host: str, path: Path) -> bytes | None:
         """``path``'s bytes as ``host`` sees them (its own disks included); None if absent."""
         done = subprocess.run(self.on(host, ["cat", str(path)]), capture_output=True)
         return done.stdout if done.returncode == 0 else None
 
+    def write(self, host: str, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        """Put a file at ``path`` (absolute, under one of ``private_dirs``) in ``host`` only,
+        its parent directories made as needed: what a pod's mounted ConfigMap or Secret is."""
+        if not any(Path(path).is_relative_to(d) for d in self.private_dirs):
+            raise ValueError(f"{path} is in no private directory of the hosts {self.private_dirs}")
+        target = Path(f"/proc/{self.holder_pid(host)}/root{path}")  # its mount namespace's view
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data.encode() if isinstance(data, str) else data)
+        target.chmod(mode)
+
+    def _kept(self, host: str) -> set[int]:
+        """The harness's own processes in ``host``: its holder and daemons (sshd included)."""
+        return {self.holder_pid(host), *self._daemons[host]}
+
     def leftovers(self) -> dict[str, list[str]]:
-        """Processes still running in each host's namespace, besides its sshd listener."""
+        """Processes still running in each host's namespace, besides the harness's own (the
+        holder, the sshd listener and the daemons of :meth:`spawn_daemon`)."""
         out: dict[str, list[str]] = {}
         for host in self.names:
-            pids = [p for p in netns_pids(self.namespace(host)) if p != self.sshd_pid(host)]
+            kept = self._kept(host)
+            pids = [p for p in netns_pids(self.namespace(host)) if p not in kept]
             described = []
             for pid in pids:
                 try:
@@ -358,7 +525,8 @@ class Hosts:
         return out
 
     def wait_clean(self, within: float = 10.0) -> dict[str, list[str]]:
-        """Wait up to ``within`` s for every host to hold only its sshd; return what is left."""
+        """Wait up to ``within`` s for every host to hold only the harness's processes;
+        return what is left."""
         deadline = time.monotonic() + within
         while True:
             reap_children()
@@ -368,10 +536,11 @@ class Hosts:
             time.sleep(0.05)
 
     def close_jobs(self) -> None:
-        """SIGKILL, by pid, every process in the hosts except their sshd listeners."""
+        """SIGKILL, by pid, every process in the hosts except the harness's own."""
         for host in self.names:
+            kept = self._kept(host)
             for pid in netns_pids(self.namespace(host)):
-                if pid != self.sshd_pid(host):
+                if pid not in kept:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
         reap_children()
@@ -381,7 +550,8 @@ class Hosts:
     def cut(self, host: str, down: bool = True) -> None:
         """Take ``host``'s port on the switch down (``down``) or up again: its link is cut
         silently, no FIN, no RST; its processes and sshd run on, unreachable."""
-        _run("ip", "-n", self._switch, "link", "set", f"p{host}", "down" if down else "up")
+        port = f"ph{self._index(host)}"
+        _run("ip", "-n", self._switch, "link", "set", port, "down" if down else "up")
 
     def freeze(self, host: str, frozen: bool = True) -> None:
         """SIGSTOP (``frozen``) or SIGCONT every process of ``host``, its sshd included: the
@@ -415,7 +585,10 @@ class Hosts:
         """Kill every process in the hosts (by pid), delete the namespaces and the state dir."""
         for ns in reversed(self._namespaces):
             _kill_namespace(ns)
-        for proc in self._sshd.values():
+        for proc in [
+            *self._holder.values(),
+            *(p for d in self._daemons.values() for p in d.values()),
+        ]:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
@@ -460,7 +633,7 @@ def main(argv: list[str]) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 signal.pause()
         return 0
-    print("usage: python -m tests.multihost.hosts check | up N", file=sys.stderr)
+    print("usage: python -m tests.support.hosts check | up N", file=sys.stderr)
     return 2
 
 
