@@ -18,7 +18,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.processes import become_subreaper, cmdline, descendants, reap_children
+from tests.support.processes import (
+    HARNESS_DAEMONS,
+    become_subreaper,
+    cmdline,
+    descendants,
+    reap_children,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GUARDED_PREFIXES = ("POPDIST_", "OMPI_", "PMIX_", "HOROVOD_")
@@ -27,9 +33,13 @@ SURVIVOR_GRACE_S = 5.0
 
 def pytest_configure(config: pytest.Config) -> None:
     become_subreaper()
+    config.addinivalue_line(
+        "markers",
+        "gridengine: real poprun inside jobs of a Grid Engine cell on namespace hosts (root)",
+    )
 
 
-TIERS = ("unit", "launch", "parallel", "lightning", "multihost", "slurm", "packaging")
+TIERS = ("unit", "launch", "parallel", "lightning", "multihost", "slurm", "gridengine", "packaging")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -49,6 +59,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 XDIST_GROUPS = {
     "tests/multihost/": "multihost",  # one set of namespace hosts; one elastic reference run
     "tests/slurm/": "slurm",  # one Slurm cluster
+    "tests/gridengine/": "gridengine",  # one Grid Engine cell on its own namespace hosts
     "tests/packaging/": "packaging",  # one wheel, one fresh virtual environment
     "tests/parallel/test_replica_split.py": "replica_split",  # one single-instance reference
 }
@@ -106,7 +117,9 @@ def _no_surviving_children(request: pytest.FixtureRequest) -> Iterator[None]:
     deadline = time.monotonic() + SURVIVOR_GRACE_S
     while True:
         reap_children()
-        survivors = [p for p in descendants() if p not in known]
+        # the harness's own daemons (an sshd a test restarted) are not leftovers; what runs
+        # under them is
+        survivors = [p for p in descendants() if p not in known and p not in HARNESS_DAEMONS]
         if not survivors or time.monotonic() > deadline:
             break
         time.sleep(0.05)
