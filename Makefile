@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORUN  := $(VENV)/bin/poprun
 
-.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-packaging test-multihost test-slurm lint bench gpu-check clean
+.PHONY: setup demo test test-unit test-launch test-parallel test-lightning test-packaging test-multihost test-slurm test-gridengine lint bench gpu-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -36,6 +36,10 @@ test-multihost: setup
 test-slurm: setup
 	@PYTHONPATH=$(CURDIR) $(PY) -m tests.support.slurm_cluster check || true
 	$(PY) -m pytest tests/slurm -q -rs
+
+test-gridengine: setup
+	@PYTHONPATH=$(CURDIR) $(PY) -m tests.support.gridengine_cluster check || true
+	$(PY) -m pytest tests/gridengine -q -rs
 
 lint: setup
 	$(VENV)/bin/ruff check poprun popdist popdist_torch popdist_lightning tests examples benchmarks

@@ -4,8 +4,9 @@
 #   project in editable mode with its extras (examples, dev, lightning), and Horovod
 #   0.28.1 built from its sdist with the C++17 patch into a wheel cached outside the
 #   repository; as root, openssh-server and iproute2 for the multi-host test tier,
-#   Slurm (slurm-wlm: slurmctld, slurmd and the clients) for the Slurm test tier, and
-#   chromium with chromium-driver for the status page's browser test.
+#   Slurm (slurm-wlm: slurmctld, slurmd and the clients) for the Slurm test tier, Grid
+#   Engine (gridengine-master, -exec, -client; no cell, no daemon started) for the Grid
+#   Engine test tier, and chromium with chromium-driver for the status page's browser test.
 # A second run only checks: it takes seconds and rebuilds nothing.
 set -euo pipefail
 
@@ -90,7 +91,47 @@ ensure_slurm() {
     apt_install slurm-wlm
 }
 
-# --- 1d. Chromium, for the status page's browser test (tests/launch/test_status_page.py) ----
+# --- 1d. Grid Engine, for the Grid Engine test tier (tests/gridengine) -------------------
+# The tier makes its own cell on namespace hosts (tests/support/gridengine_cluster.py). The
+# packages configure no cell (debconf: no automatic configuration) and start no daemon (a
+# policy-rc.d while they install: neither Grid Engine's nor the mail server bsd-mailx pulls
+# in). 15 packages, 57 MB installed, 12 MB downloaded. Without root nothing is installed and
+# the tier says why it skips.
+ensure_gridengine() {
+    local have=1 name
+    for name in sge_qmaster sge_execd sge_shepherd qsub qrsh qconf qacct spoolinit spooldefaults; do
+        [ -x "/usr/lib/gridengine/$name" ] || have=0
+    done
+    [ "$have" = 1 ] && return
+    if [ "$(id -u)" != 0 ]; then
+        log "not root: the Grid Engine test tier will be skipped (it needs gridengine-* and root)"
+        return
+    fi
+    log "installing gridengine-master, gridengine-exec and gridengine-client for the Grid Engine test tier"
+    debconf-set-selections <<'EOF'
+gridengine-common shared/gridengineconfig boolean false
+gridengine-common shared/gridenginecell string default
+gridengine-common shared/gridenginemaster string localhost
+EOF
+    apt_install_no_start gridengine-master gridengine-exec gridengine-client
+}
+
+# apt_install with no service started by the packages' scripts: invoke-rc.d asks
+# /usr/sbin/policy-rc.d, and 101 means "not allowed". One already there is left as it is.
+apt_install_no_start() {
+    local policy=/usr/sbin/policy-rc.d
+    if [ -e "$policy" ]; then
+        apt_install "$@"
+        return
+    fi
+    printf '#!/bin/sh\n# scripts/setup.sh: no service starts while it installs\nexit 101\n' > "$policy"
+    chmod 755 "$policy"
+    WORK_DIRS+=("$policy")  # removed at exit, however the run ends
+    apt_install "$@"
+    rm -f "$policy"
+}
+
+# --- 1e. Chromium, for the status page's browser test (tests/launch/test_status_page.py) ----
 # Headless, driven by selenium (dev extras). Without root nothing is installed and the test
 # says why it skips.
 ensure_browser() {
@@ -237,6 +278,7 @@ VERSIONS=""
 ensure_mpi
 ensure_multihost_tools
 ensure_slurm
+ensure_gridengine
 ensure_browser
 ensure_venv
 ensure_horovod

@@ -9,6 +9,8 @@ PY=.venv/bin/python
 PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.multihost.hosts check || true
 # The Slurm tier (tests/slurm) needs root and slurm-wlm: say up front whether it runs.
 PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.support.slurm_cluster check || true
+# The Grid Engine tier (tests/gridengine) needs root and gridengine-*: say up front whether it runs.
+PYTHONPATH="${PYTHONPATH:-$PWD}" "$PY" -m tests.support.gridengine_cluster check || true
 # Two pytest-xdist workers (TEST_WORKERS=N for another count, 0 for one process): most
 # tests wait on a launched job, its time-outs and its detection windows. Tests that share a
 # costly fixture run on one worker, one after another (tests/conftest.py XDIST_GROUPS).
