@@ -10,7 +10,6 @@ is zero: ``w -= lr * trust * u``.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -23,6 +22,17 @@ __all__ = ["LAMB"]
 
 #: PopTorch's default ``max_weight_norm``: about the float16 maximum.
 MAX_WEIGHT_NORM = 65500.0
+
+
+def _trust(p: torch.Tensor, direction: torch.Tensor, limit: float) -> torch.Tensor:
+    """The trust ratio ``min(||w||, limit) / ||u||`` (1 where either norm is 0 or the ratio is
+    not finite), as a 0-dim tensor on the parameter's device: no host round trip per
+    parameter (on a GPU, ``float(norm)`` waits for the device every time)."""
+    weight_norm = p.norm().clamp_(max=limit)
+    direction_norm = direction.norm()
+    ratio = weight_norm / direction_norm
+    usable = (weight_norm > 0) & (direction_norm > 0) & ratio.isfinite()
+    return torch.where(usable, ratio, torch.ones_like(ratio))
 
 
 class LAMB(Moments, torch.optim.Optimizer):
@@ -96,9 +106,4 @@ class LAMB(Moments, torch.optim.Optimizer):
             direction = (m / first) / (v / second).sqrt_().add_(eps)
             if decay:
                 direction.add_(p, alpha=decay)
-            weight_norm = min(float(p.norm()), limit)
-            direction_norm = float(direction.norm())
-            trust = weight_norm / direction_norm if weight_norm > 0 and direction_norm > 0 else 1.0
-            if not math.isfinite(trust):
-                trust = 1.0
-            p.add_(direction, alpha=-lr * trust)
+            p.sub_(direction.mul_(_trust(p, direction, limit).mul_(lr)))
