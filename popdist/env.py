@@ -280,6 +280,20 @@ def split_replicas(num_total_replicas: int, num_instances: int) -> tuple[int, ..
     return tuple(base + (i < extra) for i in range(num_instances))
 
 
+def replica_share(num_total_replicas: int, num_instances: int, index: int) -> tuple[int, int]:
+    """Instance ``index``'s ``(local replicas, first global replica)`` under
+    :func:`split_replicas`, in constant time: what one instance derives from its rank (poprun's
+    instance wrapper does the same arithmetic, :mod:`poprun.plan.compact`)."""
+    if not 0 <= index < num_instances <= num_total_replicas:
+        raise PopdistError(
+            f"instance {index} of num_instances={num_instances} with num_total_replicas="
+            f"{num_total_replicas}: expected an index below the count, and at least one "
+            f"replica per instance"
+        )
+    base, extra = divmod(num_total_replicas, num_instances)
+    return base + (index < extra), index * base + min(index, extra)
+
+
 def instance_environment(
     *,
     num_total_replicas: int,
@@ -344,9 +358,9 @@ def _instance_replicas(
                 f"replica_index_offset for a non-uniform split)"
             )
         return total // instances, index * (total // instances)
-    counts = split_replicas(total, instances)
-    want = (counts[index], sum(counts[:index]))
+    want = replica_share(total, instances, index)
     if (local, offset) != want:
+        counts = split_replicas(total, instances)
         raise PopdistError(
             f"num_local_replicas={local}, replica_index_offset={offset} for instance {index} "
             f"of {instances}: {total} replicas split as {counts} give {want[0]} from {want[1]}"
@@ -528,10 +542,10 @@ class PoprunEnvironment(RunEnvironment):
                 f"{NUM_TOTAL_REPLICAS}={total}: expected an index below the count, and at "
                 f"least one replica per instance; relaunch with poprun"
             )
-        counts = split_replicas(total, num_instances)
-        want = (counts[index], sum(counts[:index]))
+        want = replica_share(total, num_instances, index)
         got = (replicas["num_local_replicas"], replicas["replica_index_offset"])
         if got != want:
+            counts = split_replicas(total, num_instances)
             raise PopdistError(
                 f"{NUM_LOCAL_REPLICAS}={got[0]}, {REPLICA_INDEX_OFFSET}={got[1]} on instance "
                 f"{index}: {total} replicas over {num_instances} instances split as "

@@ -164,8 +164,9 @@ def _launch(
     import runs while mpirun starts the instances (:mod:`poprun.run.launch`).
     """
     from poprun.plan.hosts import is_local
-    from poprun.run.launch import Launch, with_secret
+    from poprun.run.launch import Launch, descriptors_needed, raise_file_limit, with_secret
 
+    raise_file_limit(descriptors_needed(config, topology))  # before anything opens or starts
     status = _status_server(config, topology)
     remote = [host for host in topology.hosts if not is_local(host)]
     shared = None

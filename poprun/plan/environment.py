@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from popdist import env as contract
 from poprun.config.run_config import RunConfig
@@ -127,8 +128,22 @@ def shared_values(config: RunConfig) -> dict[str, str]:
     return values
 
 
+class Job(Protocol):
+    """The job's numbers an instance's values need: a :class:`RunConfig` has them, and so
+    has the compact launch plan (:class:`poprun.plan.compact.LaunchPlan`)."""
+
+    @property
+    def num_replicas(self) -> int: ...
+    @property
+    def ipus_per_replica(self) -> int: ...
+    @property
+    def num_instances(self) -> int: ...
+    @property
+    def offline_mode(self) -> bool: ...
+
+
 def instance_values(
-    config: RunConfig, plan: InstancePlan, device_pool: Sequence[str] | None = None
+    config: Job, plan: InstancePlan, device_pool: Sequence[str] | None = None
 ) -> dict[str, str]:
     """The contract values of one instance (plain integers and a host name), then its GPUs.
 

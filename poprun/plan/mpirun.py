@@ -1,4 +1,5 @@
-"""The mpirun command (pure): one MPMD app context per instance, as an argv list.
+"""The mpirun command (pure): O(hosts) words, one app context per run of instances that share
+their mpirun arguments (:mod:`poprun.plan.compact`), as an argv list.
 
 Shape::
 
@@ -9,11 +10,21 @@ Shape::
             --mca coll_tuned_dynamic_rules_filename R]   (one host, unless the user chose coll*)
            [--mca mpi_yield_when_idle 1]                 (threads outnumber a host's cores)
            [--mca btl_tcp_if_include S --mca oob_tcp_if_include S] <--mpi-global-args>
-           -np 1 [-H host:k] -x NAME ...                 (forwarded by name, in every context)
-                 -x POPDIST_...=v ... <local args> WRAPPER [numactl ...] program args
-           : -np 1 ...                                   (one context per instance)
+           -np N [-H host:k,host:k...] -x NAME ...       (forwarded by name, in every context)
+                 -x POPDIST_NUM_TOTAL_REPLICAS=v ...     (the values every instance shares)
+                 <local args> INSTANCE_WRAPPER PLAN... program args
+           [: -np M ...]                                 (a context at this host's instances,
+                                                          and at other per-instance args)
 
-Inside a Slurm job (``topology.allocation``), the contexts name the job's nodes (``-H n1:2``)
+:data:`INSTANCE_WRAPPER` works out its instance's own values (local replicas, replica offset,
+local index, host, ``CUDA_VISIBLE_DEVICES``, NUMA binding) from ``OMPI_COMM_WORLD_RANK`` and
+the compact plan in its arguments (:data:`poprun.plan.compact.DERIVE`), exports them, and goes
+on as :data:`WRAPPER` on poprun's own host or as :data:`REMOTE_WRAPPER` elsewhere. The
+command is the same whatever the job's size but for the host list: 16,384 instances on 2,048
+hosts take about 50 KB (``benchmarks/scale.py``), where one context per instance took 1.6 MB
+at 1,024 instances, past Linux's limit on a command's argv and environment (``E2BIG``).
+
+Inside a Slurm job (``topology.allocation``), the contexts name the job's nodes (``-H n1:2,n2:2``)
 and Open MPI starts its daemons on them with ``srun`` (its ``plm_slurm``), not ssh; poprun
 adds ``--oversubscribe`` there, having checked the plan against the job's tasks itself:
 Open MPI counts a node's slots as its CPUs divided by the CPUs per task, which is fewer
@@ -97,7 +108,15 @@ from collections.abc import Mapping, Sequence
 from popdist.env import threads_outnumber_cores
 from poprun.config.run_config import RunConfig
 from poprun.errors import PoprunError
-from poprun.plan.environment import instance_values, shared_values
+from poprun.plan.compact import (
+    DERIVE,
+    LaunchPlan,
+    host_list,
+    job_values,
+    plan_launch,
+    wrapper_args,
+)
+from poprun.plan.environment import shared_values
 from poprun.plan.hosts import is_local
 from poprun.plan.topology import Topology
 
@@ -126,6 +145,16 @@ REMOTE_WRAPPER: tuple[str, ...] = (
     "-c",
     'trap true HUP INT TERM; trap "" USR1; exec 3>&2 2>/dev/null; '
     f"/bin/sh -c 'exec 2>&3 3>&-; {_PID_AND_EXEC}' poprun-instance \"$@\"; {_REPORT_EXIT}",
+    "poprun-instance",
+)
+#: What every instance starts as: its values worked out from its rank
+#: (:data:`~poprun.plan.compact.DERIVE`), then :data:`WRAPPER`'s script on poprun's own host
+#: (the first host of its context, :mod:`poprun.plan.compact`), else :data:`REMOTE_WRAPPER`'s.
+INSTANCE_WRAPPER: tuple[str, ...] = (
+    "/bin/sh",
+    "-c",
+    f'{DERIVE}if [ "$_prL" = 10 ]; then unset _prL; {WRAPPER[2]}; fi; unset _prL; '
+    f"{REMOTE_WRAPPER[2]}",
     "poprun-instance",
 )
 _BINDING_FLAGS = frozenset({"--bind-to", "-bind-to"})
@@ -160,13 +189,14 @@ def find_mpirun(environ: Mapping[str, str]) -> str:
 def _poprun_mca(
     config: RunConfig,
     topology: Topology,
+    launch: LaunchPlan,
     chosen: frozenset[str],
     local_cpus: int,
     fabric_here: bool,
 ) -> list[str]:
     """poprun's own ``--mca`` settings, less those the user chose (``chosen`` or local args)."""
-    for plan in topology.instances:
-        chosen |= _mca_names(config.local_args(plan.index))
+    for context in launch.contexts:
+        chosen |= _mca_names(context.local_args)
     wanted: list[tuple[str, str]] = []
     if not topology.explicit_hosts:
         wanted += SINGLE_HOST_MCA
@@ -175,7 +205,7 @@ def _poprun_mca(
     elif not fabric_here and any(is_local(host) for host in topology.hosts):
         wanted.append(TCP_HOSTS_MCA)
     # Remote hosts are assumed to have as many cores as this one (as for NUMA nodes).
-    per_host = max(plan.num_local_instances for plan in topology.instances)
+    per_host = max(count for context in launch.contexts for _, count in context.hosts)
     if threads_outnumber_cores(per_host, local_cpus):
         wanted.append(YIELD_MCA)
     # How the engine's mpirun starts its daemons is the allocation's data (plan/engines)
@@ -209,7 +239,8 @@ def build_argv(
     device_pool: Sequence[str] | None = None,
     fabric_here: bool = True,
 ) -> list[str]:
-    """The exact mpirun argv for this run (golden-tested).
+    """The exact mpirun argv for this run (golden-tested): O(hosts) words, one app context
+    per :class:`~poprun.plan.compact.Context` of the compact launch plan.
 
     ``user_mca`` names the MCA parameters the user set in the environment
     (``OMPI_MCA_<name>``); poprun's single-host defaults never override them.
@@ -228,28 +259,25 @@ def build_argv(
         # engine's (a Slurm job): poprun has checked the instances against those
         argv.append("--oversubscribe")
     chosen = user_mca | _mca_names(user_global)
-    argv += _poprun_mca(config, topology, chosen, local_cpus, fabric_here)
+    launch = plan_launch(config, topology, device_pool, numactl)
+    argv += _poprun_mca(config, topology, launch, chosen, local_cpus, fabric_here)
     argv += user_global
     # Open MPI 4.1 applies a -x placed before the first app context to that context only:
     # the names go into every context, or instances on other hosts miss them.
     exported: list[str] = []
     for name in sorted({*forwarded, *shared_values(config)}):
         exported += ["-x", name]
-    for plan in topology.instances:
-        if plan.index:
+    for name, value in job_values(launch).items():
+        exported += ["-x", f"{name}={value}"]
+    for context in launch.contexts:
+        if context.first:
             argv.append(":")
-        argv += ["-np", "1"]
+        argv += ["-np", str(context.instances)]
         if topology.explicit_hosts:
-            argv += ["-H", f"{plan.host}:{plan.num_local_instances}"]
+            argv += ["-H", host_list(context)]
         argv += exported
-        for name, value in instance_values(config, plan, device_pool).items():
-            argv += ["-x", f"{name}={value}"]
-        argv += config.local_args(plan.index)
-        argv += WRAPPER if is_local(plan.host) else REMOTE_WRAPPER
-        if plan.numa_nodes and numactl:
-            nodes = ",".join(map(str, plan.numa_nodes))
-            argv += [numactl, f"--cpunodebind={nodes}", f"--membind={nodes}"]
-        argv += config.program
+        argv += context.local_args
+        argv += [*INSTANCE_WRAPPER, *wrapper_args(launch, context), *config.program]
     return argv
 
 

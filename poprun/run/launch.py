@@ -26,17 +26,63 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from popdist.env import PROGRESS
+from poprun.errors import PoprunError
 from poprun.plan.hosts import is_local
 from poprun.run import leftovers
 from poprun.run.output.fifos import DirectOutput, enlarge_pipe
 
 if TYPE_CHECKING:
+    from poprun.config.run_config import RunConfig
     from poprun.plan.topology import Topology
     from poprun.run.signals import SignalInbox
 
 PR_SET_PDEATHSIG = 1
 #: How long an mpirun that no loop watched gets to end its instances after SIGTERM.
 _END_S = 5.0
+#: Descriptors poprun and mpirun hold whatever the job's size (standard streams, pipes, the
+#: selector, the signal wake-up, Open MPI's own), with room to spare: 9 and 34 measured.
+BASE_FDS = 64
+#: ... poprun's for each instance on this host (its two FIFOs and its pidfd), each instance's
+#: ``--output-dir`` files and lease connection, and mpirun's for each host (its daemon's
+#: connection back, the ssh that started it): measured with 16 to 128 instances.
+PER_LOCAL_FDS, PER_FILE_FDS, PER_HOST_FDS = 3, 2, 2
+
+
+def descriptors_needed(config: RunConfig, topology: Topology) -> int:
+    """File descriptors the job needs in poprun, or in mpirun (which inherits poprun's limit),
+    whichever is more."""
+    instances = len(topology.instances)
+    local = {host: is_local(host) for host in topology.hosts}
+    here = sum(1 for plan in topology.instances if local.get(plan.host, False))
+    poprun = BASE_FDS + PER_LOCAL_FDS * here
+    if config.output_dir is not None:
+        poprun += PER_FILE_FDS * instances
+    if config.min_hosts is not None and not all(local.values()):
+        poprun += instances  # the lease: a connection from every instance
+    return max(poprun, BASE_FDS + PER_HOST_FDS * len(topology.hosts))
+
+
+def raise_file_limit(needed: int) -> None:
+    """A soft ``RLIMIT_NOFILE`` below ``needed`` goes up to the hard limit (mpirun and the
+    instances inherit it); a hard limit below it is a usage error, before any launch."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and needed > hard:
+        raise PoprunError(
+            "RLIMIT_NOFILE",
+            hard,
+            f"the job needs about {needed} open files on this host (its instances' output "
+            f"and exits, mpirun's connections) but the hard limit (ulimit -Hn) is {hard}",
+            f"raise the hard limit by {needed - hard} or more (ulimit -Hn {needed}, as root, "
+            f"or nofile in /etc/security/limits.conf), or run fewer instances on this host",
+        )
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):  # an unlimited hard limit may be above the kernel's
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def with_secret(env: Mapping[str, str]) -> dict[str, str]:

@@ -89,7 +89,8 @@ def test_yaml_keys_with_underscores(tmp_path: Path, capsys: pytest.CaptureFixtur
     path = tmp_path / "run.yaml"
     path.write_text("num_replicas: 4\nnum_instances: 2\noffline_mode: yes\nhost: [localhost]\n")
     out = _dry(capsys, "--import-config", str(path))
-    assert "POPDIST_NUM_LOCAL_REPLICAS=2" in out and "POPDIST_OFFLINE_MODE=1" in out
+    assert "POPDIST_NUM_TOTAL_REPLICAS=4" in out and "POPDIST_NUM_INSTANCES=2" in out
+    assert "POPDIST_OFFLINE_MODE=1" in out  # the job's values; each instance derives its own
 
 
 def test_vipu_options_are_accepted_with_one_warning(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ import pytest
 from poprun.cli import main
 from poprun.config import run_config as cfg
 from poprun.errors import PoprunError
+from poprun.plan.compact import instance_values, plan_launch
 from poprun.plan.devices import check_pool, device_pool, instance_devices
 from poprun.plan.environment import forwarded_names
 from poprun.plan.mpirun import build_argv
@@ -23,17 +24,19 @@ ENV = {"PATH": "/usr/bin:/bin"}
 
 
 def _visible(argv: list[str]) -> list[str]:
-    return [a.split("=", 1)[1] for a in argv if a.startswith("CUDA_VISIBLE_DEVICES=")]
+    """Each instance's slice, as its wrapper works it out from the command's compact plan."""
+    return argv[-1].split("|")
 
 
 def _argv(*cli: str, environ: dict[str, str] | None = None) -> list[str]:
+    """The mpirun argv, and last the instances' ``CUDA_VISIBLE_DEVICES`` joined by ``|``."""
     environ = environ if environ is not None else ENV
     values = dict(zip(cli[::2], cli[1::2], strict=True))
     config = cfg.build(values, ("/bin/true",), environ)
     topology = plan(config, {})
     pool = device_pool(environ)
     check_pool(topology, pool)
-    return build_argv(
+    argv = build_argv(
         config,
         topology,
         mpirun="mpirun",
@@ -42,6 +45,10 @@ def _argv(*cli: str, environ: dict[str, str] | None = None) -> list[str]:
         local_cpus=2,
         device_pool=pool,
     )
+    assert not any(a.startswith("CUDA_VISIBLE_DEVICES=") for a in argv)  # each derives its own
+    launch = plan_launch(config, topology, pool)
+    slices = [instance_values(launch, p.index)["CUDA_VISIBLE_DEVICES"] for p in topology.instances]
+    return [*argv, "|".join(slices)]
 
 
 def test_instances_of_a_host_take_consecutive_slices() -> None:
@@ -61,6 +68,7 @@ def test_the_users_list_is_the_pool_and_is_not_forwarded_as_is() -> None:
     assert _visible(argv) == ["4", "5"]
     assert "CUDA_VISIBLE_DEVICES" not in forwarded_names(environ)
     assert ["-x", "CUDA_VISIBLE_DEVICES"] not in [argv[i : i + 2] for i in range(len(argv))]
+    assert "p4,5,6,7" in argv  # the pool, in the wrapper's plan
 
 
 def test_an_empty_list_hides_every_gpu() -> None:

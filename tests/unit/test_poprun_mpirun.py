@@ -9,6 +9,7 @@ import pytest
 from poprun.config import run_config as cfg
 from poprun.plan.mpirun import (
     ALLREDUCE_RULES,
+    INSTANCE_WRAPPER,
     REMOTE_WRAPPER,
     WRAPPER,
     build_argv,
@@ -38,24 +39,36 @@ def _argv(config: cfg.RunConfig, numa: dict[str, int] | None = None, **kw: objec
     return build_argv(config, plan(config, numa), **options)  # type: ignore[arg-type]
 
 
-def _ctx(**values: object) -> list[str]:
-    out = []
-    for name in (
-        "NUM_TOTAL_REPLICAS",
-        "NUM_IPUS_PER_REPLICA",
-        "NUM_LOCAL_REPLICAS",
-        "UNIFORM_REPLICAS_PER_INSTANCE",
-        "REPLICA_INDEX_OFFSET",
-        "LOCAL_INSTANCE_INDEX",
-        "NUM_INSTANCES",
-        "INSTANCE_INDEX",
-        "NUM_LOCAL_INSTANCES",
-        "HOST",
-    ):
-        out += ["-x", f"POPDIST_{name}={values[name.lower()]}"]
-    n = int(values["num_local_replicas"]) * int(values["num_ipus_per_replica"])  # type: ignore[call-overload]
-    first = int(values["local_instance_index"]) * n  # type: ignore[call-overload]
-    return [*out, "-x", "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, range(first, first + n)))]
+def _job(total: int, ipr: int, instances: int, offline: bool = False) -> list[str]:
+    """The job-wide contract values, once a context."""
+    uniform = int(total % instances == 0)
+    out = ["-x", f"POPDIST_NUM_TOTAL_REPLICAS={total}", "-x", f"POPDIST_NUM_IPUS_PER_REPLICA={ipr}"]
+    out += ["-x", f"POPDIST_UNIFORM_REPLICAS_PER_INSTANCE={uniform}"]
+    out += ["-x", f"POPDIST_NUM_INSTANCES={instances}"]
+    return out + (["-x", "POPDIST_OFFLINE_MODE=1"] if offline else [])
+
+
+def _wrapper(
+    hosts: str, first: int = 0, first_local: int = 0, each: int | None = None, local: int = 1,
+    numa: int = 0, pool: str = "o", numactl: str = "",
+) -> list[str]:  # fmt: skip
+    """The instance wrapper and its compact plan (poprun.plan.compact's module doc)."""
+    if each is None:
+        counts = {h.rsplit(":", 1)[1] for h in hosts.split(",")}
+        each = int(counts.pop()) if len(counts) == 1 else 0
+    numbers = f"{first} {first_local} {each} {local} {numa}"
+    return [*INSTANCE_WRAPPER, numbers, hosts, pool, numactl]
+
+
+def _contexts(argv: list[str]) -> list[str]:
+    """Each app context as one line (split at the ``:`` words)."""
+    out: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == ":":
+            out.append([])
+        else:
+            out[-1].append(arg)
+    return [" ".join(words) for words in out]
 
 
 HEAD = ["mpirun", "--tag-output", "--bind-to", "none"]
@@ -71,23 +84,6 @@ FORWARD = [
 ]
 
 
-def _values(
-    total: int, ipr: int, instances: int, index: int, local: int, per_host: int, host: str
-) -> dict[str, object]:
-    return {
-        "num_total_replicas": total,
-        "num_ipus_per_replica": ipr,
-        "num_local_replicas": total // instances,
-        "uniform_replicas_per_instance": 1,
-        "replica_index_offset": index * (total // instances),
-        "local_instance_index": local,
-        "num_instances": instances,
-        "instance_index": index,
-        "num_local_instances": per_host,
-        "host": host,
-    }
-
-
 def test_one_by_one() -> None:
     argv = _argv(_config(program=("sh", "train.sh", "--lr", "0.1")))
     assert argv == [
@@ -96,8 +92,8 @@ def test_one_by_one() -> None:
         "-np",
         "1",
         *FORWARD,
-        *_ctx(**_values(1, 1, 1, 0, 0, 1, "localhost")),
-        *WRAPPER,
+        *_job(1, 1, 1),
+        *_wrapper("localhost:1"),
         "sh",
         "train.sh",
         "--lr",
@@ -105,24 +101,15 @@ def test_one_by_one() -> None:
     ]
 
 
-def test_four_replicas_on_two_instances_as_root() -> None:
+def test_four_replicas_on_two_instances_as_root_are_one_context() -> None:
     argv = _argv(_config(num_replicas="4", num_instances="2"), is_root=True)
-    contexts = [
-        [
-            *["-np", "1", *FORWARD],
-            *_ctx(**_values(4, 1, 2, i, i, 2, "localhost")),
-            *[*WRAPPER, "/bin/true"],
-        ]
-        for i in range(2)
-    ]
     assert argv == [
         *HEAD,
         "--allow-run-as-root",
         *SHM,
         *YIELD,
-        *contexts[0],
-        ":",
-        *contexts[1],
+        *["-np", "2", *FORWARD, *_job(4, 1, 2)],
+        *[*_wrapper("localhost:2"), "/bin/true"],
     ]
 
 
@@ -150,37 +137,54 @@ def test_eight_replicas_on_four_instances_over_two_host_ranges() -> None:
         process_placement="disabled",
     )
     argv = _argv(config, local_cpus=4)
-    expected = [*HEAD, "--mca", "btl_tcp_if_include", "eth0"]
-    for i in range(4):
-        host = f"node{i // 2}"
-        if i:
-            expected.append(":")
-        expected += ["-np", "1", "-H", f"{host}:2", *FORWARD]
-        expected += _ctx(**_values(8, 2, 4, i, i % 2, 2, host))
-        expected += [*REMOTE_WRAPPER, "/bin/true"]  # other hosts: the exit status wrapper
-    assert argv == expected
+    assert argv == [
+        *HEAD,
+        *("--mca", "btl_tcp_if_include", "eth0"),
+        *("-np", "4", "-H", "node0:2,node1:2", *FORWARD, *_job(8, 2, 4)),
+        *_wrapper("node0:2,node1:2", local=0),  # other hosts: the exit status wrapper
+        "/bin/true",
+    ]
 
 
-def test_only_instances_on_other_hosts_get_the_exit_status_wrapper() -> None:
+def test_a_context_starts_at_this_hosts_instances() -> None:
+    """Open MPI maps its own host first within a context: a context starts there, so the
+    ranks keep the plan's order, and only a context's first host can be this one."""
+    config = _config(num_replicas="6", num_instances="6", host=["node1,localhost,node2"])
+    argv = _argv(config, local_cpus=8)
+    contexts = _contexts(argv)
+    assert len(contexts) == 2
+    assert " -np 2 -H node1:2 " in contexts[0] and contexts[0].endswith(
+        " ".join(["0 0 2 0 0", "node1:2", "o", "", "/bin/true"])
+    )
+    assert contexts[1].startswith("-np 4 -H localhost:2,node2:2 ")
+    assert contexts[1].endswith(
+        " ".join(["2 0 2 1 0", "localhost:2,node2:2", "o", "", "/bin/true"])
+    )
+
+
+def test_only_instances_on_this_host_take_the_local_wrapper() -> None:
     config = _config(num_replicas="2", num_instances="2", host=["localhost,node1"])
     argv = _argv(config, local_cpus=4)
-    wrappers = [argv[i : i + 4] for i, arg in enumerate(argv) if arg == "/bin/sh"]
-    assert wrappers == [list(WRAPPER), list(REMOTE_WRAPPER)]
-    assert argv[-1] == "/bin/true" and argv[-2] == REMOTE_WRAPPER[-1]
+    at = argv.index(INSTANCE_WRAPPER[2])
+    assert argv[at + 2 : at + 5] == ["0 0 1 1 0", "localhost:1,node1:1", "o"]
+    # The wrapper takes the local path only for the context's first host (entry 0) when
+    # LOCAL is 1; every other instance gets the remote wrapper's script.
+    assert INSTANCE_WRAPPER[2].index(WRAPPER[2]) < INSTANCE_WRAPPER[2].index(REMOTE_WRAPPER[2])
+    assert argv[-1] == "/bin/true" and argv.count(INSTANCE_WRAPPER[2]) == 1
 
 
 def test_every_context_forwards_the_environment_by_name() -> None:
     # Open MPI 4.1 applies a -x before the first context to that context only.
-    config = _config(num_replicas="3", num_instances="3", host=["a,b,c"])
+    config = _config(num_replicas="3", num_instances="3", host=["a,localhost,c"])
     argv = _argv(config, forwarded=["HOME", "MY_VAR"], local_cpus=4)
-    contexts = " ".join(argv).split(" : ")
-    assert len(contexts) == 3
+    contexts = _contexts(argv)
+    assert len(contexts) == 2
     shared = (
         "-x HOME -x MY_VAR -x POPDIST_BACKEND -x POPDIST_ERROR_RECORD -x POPDIST_PROGRESS "
-        "-x PYTHONUNBUFFERED"
+        "-x PYTHONUNBUFFERED -x POPDIST_NUM_TOTAL_REPLICAS=3"
     )
     for context in contexts:
-        assert f"{shared} -x POPDIST_NUM_TOTAL_REPLICAS=" in context
+        assert shared in context
     assert argv.index("-x") > argv.index("-np")
 
 
@@ -201,17 +205,23 @@ def test_waiting_mpi_yields_when_a_host_is_oversubscribed(
 
 def test_per_instance_local_args_keep_their_quoting() -> None:
     config = _config(
-        num_replicas="2",
-        num_instances="2",
+        num_replicas="3",
+        num_instances="3",
         mpi_local_args=["-x A=1"],
         instance_mpi_local_args=['1:-x B="two words"', "1:--wdir /tmp"],
     )
     argv = _argv(config)
-    colon = argv.index(":")
-    first, second = argv[:colon], argv[colon:]
-    assert first[first.index(WRAPPER[0]) - 2 : first.index(WRAPPER[0])] == ["-x", "A=1"]
-    start = second.index(WRAPPER[0]) - 6
-    assert second[start : start + 6] == ["-x", "A=1", "-x", "B=two words", "--wdir", "/tmp"]
+    colons = [i for i, arg in enumerate(argv) if arg == ":"]
+    assert len(colons) == 2  # instance 1 has arguments of its own: a context of its own
+    first, second, third = argv[: colons[0]], argv[colons[0] : colons[1]], argv[colons[1] :]
+    at = first.index(INSTANCE_WRAPPER[0])
+    assert first[at - 2 : at] == ["-x", "A=1"]
+    assert first[at + 4 : at + 6] == ["0 0 3 1 0", "localhost:3"]
+    at = second.index(INSTANCE_WRAPPER[0])
+    assert second[at - 6 : at] == ["-x", "A=1", "-x", "B=two words", "--wdir", "/tmp"]
+    assert second[second.index("-np") + 1] == "1" and second[at + 4] == "1 1 3 1 0"
+    at = third.index(INSTANCE_WRAPPER[0])
+    assert third[at - 2 : at] == ["-x", "A=1"] and third[at + 4] == "2 2 3 1 0"
 
 
 @pytest.mark.parametrize("placement", ["spreadnuma", "disabled"])
@@ -219,18 +229,11 @@ def test_placement_on_and_off(placement: str) -> None:
     config = _config(num_replicas="4", num_instances="4", process_placement=placement)
     argv = _argv(config, numa={"localhost": 2})
     assert "--oversubscribe" in argv  # 4 instances > 2 cpus
-    programs = [
-        argv[i + len(WRAPPER) :]
-        for i in range(len(argv))
-        if argv[i : i + len(WRAPPER)] == list(WRAPPER)
-    ]
-    tails = [p[: p.index(":")] if ":" in p else p for p in programs]
-    if placement == "spreadnuma":
-        assert tails == [
-            ["numactl", f"--cpunodebind={n}", f"--membind={n}", "/bin/true"] for n in (0, 0, 1, 1)
-        ]
+    at = argv.index(INSTANCE_WRAPPER[2]) + 2
+    if placement == "spreadnuma":  # the wrapper binds each to its node(s) with numactl
+        assert argv[at:] == ["0 0 4 1 2", "localhost:4", "o", "numactl", "/bin/true"]
     else:
-        assert tails == [["/bin/true"]] * 4
+        assert argv[at:] == ["0 0 4 1 0", "localhost:4", "o", "", "/bin/true"]
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ import pytest
 
 from poprun.config import run_config as cfg
 from poprun.errors import PoprunError
+from poprun.plan.compact import instance_values, plan_launch
 from poprun.plan.hosts import HostSource, JobHosts, WithinAllocation, host_source
-from poprun.plan.mpirun import REMOTE_WRAPPER, build_argv
+from poprun.plan.mpirun import INSTANCE_WRAPPER, build_argv
 from poprun.plan.slurm import (
     STEP_MCA,
     parse_counts,
@@ -277,12 +278,14 @@ def _argv(config: cfg.RunConfig) -> list[str]:
 def test_mpirun_gets_the_nodes_with_their_counts_and_may_oversubscribe() -> None:
     argv = _argv(_config(SALLOC, num_replicas="8"))
     hosts = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-H"]
-    assert hosts == ["n1:2", "n1:2", "n2:2", "n2:2"]
+    assert hosts == ["n1:2,n2:2"]  # one context: its instances derive their values
     assert "--oversubscribe" in argv  # Open MPI counts CPUs; poprun checked the tasks
-    assert argv.count(REMOTE_WRAPPER[2]) == 4  # n1, n2 are not this machine's names
+    at = argv.index(INSTANCE_WRAPPER[2])  # n1, n2 are not this machine's names: LOCAL 0
+    assert argv[at + 2 : at + 4] == ["0 0 2 0 0", "n1:2,n2:2"]
     assert STEP_MCA[0] not in argv
-    offsets = [a for a in argv if a.startswith("POPDIST_REPLICA_INDEX_OFFSET=")]
-    assert offsets == [f"POPDIST_REPLICA_INDEX_OFFSET={i}" for i in (0, 2, 4, 6)]
+    launch = plan_launch(_config(SALLOC, num_replicas="8"), plan(_config(SALLOC, num_replicas="8")))
+    offsets = [instance_values(launch, r)["POPDIST_REPLICA_INDEX_OFFSET"] for r in range(4)]
+    assert offsets == ["0", "2", "4", "6"]
 
 
 def test_inside_an_srun_step_the_daemons_srun_overlaps() -> None:
