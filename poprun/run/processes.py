@@ -42,6 +42,10 @@ class JobProcesses:
         self.topology = topology
         self.pids = pids  # instance -> pid, filled as mpirun's pid lines arrive
         self.exited: list[int] = []  # local instances in the order they ended
+        self._ended: set[int] = set()  # ... as a set (constant time a question)
+        here = {host: is_local(host) for host in topology.hosts}
+        #: The instances on this host (the others are mpirun's to see end).
+        self.local = frozenset(p.index for p in topology.instances if here.get(p.host, False))
         self.mpirun_pid: int | None = None
         self.left_behind: list[str] = []
         self.segments: set[str] = set()  # Open MPI segments of instances killed by poprun
@@ -55,6 +59,11 @@ class JobProcesses:
         #: poprun's own processes besides mpirun (the host watch's probes), never leftovers.
         self.own_pids: Callable[[], set[int]] = set
 
+    def ended(self, instance: int) -> None:
+        """A local instance has exited (its pidfd said so)."""
+        self.exited.append(instance)
+        self._ended.add(instance)
+
     def adopt(self, instance: int, pid: int) -> None:
         """Remember a local instance's process group (Open MPI gives each its own)."""
         with contextlib.suppress(OSError):
@@ -63,22 +72,21 @@ class JobProcesses:
                 self._pgids[instance] = pgid
 
     def local_pids(self) -> list[int]:
-        """Pids of the live local instances that have not exited."""
-        out = []
-        for plan in self.topology.instances:
-            pid = self.pids.get(plan.index)
-            if pid is not None and plan.index not in self.exited and is_local(plan.host):
-                out.append(pid)
-        return out
+        """Pids of the live local instances that have not exited, in instance order."""
+        return [
+            pid
+            for index, pid in sorted(self.pids.items())
+            if index in self.local and index not in self._ended
+        ]
 
     def running(self) -> list[int]:
         """Instances not known to have ended (remote ones and those without a pid count)."""
         running = []
         for plan in self.topology.instances:
-            pid = self.pids.get(plan.index)
-            if plan.index in self.exited:
+            if plan.index in self._ended:
                 continue
-            if pid is None or not is_local(plan.host) or leftovers.alive(pid):
+            pid = self.pids.get(plan.index)
+            if pid is None or plan.index not in self.local or leftovers.alive(pid):
                 running.append(plan.index)
         return running
 
@@ -95,7 +103,7 @@ class JobProcesses:
         The groups are those of the instances whose pid poprun knows and of mpirun's other
         children (an instance whose pid line has not arrived yet is one of them).
         """
-        groups = {self._pgids[i] for i in self._pgids if i not in self.exited}
+        groups = {self._pgids[i] for i in self._pgids if i not in self._ended}
         own = {os.getpgid(0)}
         if self.mpirun_pid is not None:
             own.add(self.mpirun_pid)  # mpirun leads its own session and group
@@ -108,9 +116,8 @@ class JobProcesses:
 
     def remember_segments(self) -> None:
         """Before killing: the shared-memory files the live local instances have mapped."""
-        for plan in self.topology.instances:
-            pid = self.pids.get(plan.index)
-            if pid is not None and is_local(plan.host):
+        for index, pid in self.pids.items():
+            if index in self.local:
                 self.segments |= leftovers.segments_of(pid)
 
     def kill_left_behind(self, keep: set[int]) -> None:
@@ -161,8 +168,7 @@ class JobProcesses:
 
     def watch_for_orphans(self) -> None:
         """All instances (all local) exited but mpirun runs on: a child holds their output."""
-        local = [p for p in self.topology.instances if is_local(p.host)]
-        if len(local) != len(self.topology.instances) or len(self.exited) < len(local):
+        if len(self.local) != len(self.topology.instances) or len(self._ended) < len(self.local):
             return
         now = time.monotonic()
         if self.orphans_at is None:

@@ -141,13 +141,13 @@ def _watch_attempt(attempt: Supervisor, watch: HostWatch | None) -> None:
     every host is asked at once, and what ends after it is mpirun's doing."""
     attempt.watch = watch
     if watch is not None:
-        watch.attach(attempt.topology.instances, attempt.board.snapshot)
+        watch.attach(attempt.topology.instances, attempt.board.take_reports)
         attempt.procs.own_pids = watch.probe_pids
         attempt.output.on_daemon_lost = attempt.policy.mpirun_aborting
 
 
 def _policy(config: RunConfig, topology: Topology, env: Mapping[str, str]) -> EndingPolicy:
-    remote = any(not is_local(plan.host) for plan in topology.instances)
+    remote = any(not is_local(host) for host in topology.hosts)
     limit = plan_time_limit(
         config.time_limit_margin, config.requeue_on_timeout, env, time.monotonic
     )
@@ -317,7 +317,9 @@ class Supervisor:
             mpirun_failure=self.output.messages.failure,
             still_running=tuple(self._still_running),
             left_behind=tuple(self.procs.left_behind),
-            remote=tuple(p.index for p in self.topology.instances if not is_local(p.host)),
+            remote=tuple(
+                p.index for p in self.topology.instances if p.index not in self.procs.local
+            ),
             mpirun_pid=self.procs.mpirun_pid,
             diagnosis=self.progress.diagnosis,
             peers=tuple(self.output.messages.peers),
@@ -343,7 +345,7 @@ class Supervisor:
 
     def _watch_pid(self, instance: int, pid: int) -> None:
         """A local instance's pidfd tells the loop when it ends, in order (not its status)."""
-        if self._selector is None or not is_local(self.topology.instances[instance].host):
+        if self._selector is None or instance not in self.procs.local:
             return
         try:
             pidfd = os.pidfd_open(pid)
@@ -355,7 +357,7 @@ class Supervisor:
         self.procs.adopt(instance, pid)
 
     def _instance_exited(self, instance: int) -> None:
-        self.procs.exited.append(instance)
+        self.procs.ended(instance)
         self.policy.instance_exited(instance)
 
     def _loop(self, proc: subprocess.Popen[bytes]) -> None:

@@ -59,6 +59,7 @@ class LeaseServer:
         self.generation = 0
         #: Instance index → when its last heartbeat arrived (this generation's instances).
         self.heard: dict[int, float] = {}
+        self._fresh: dict[int, float] = {}  # ... those since the last take_heard()
         self._listener = socket.create_server((address, 0))
         self._listener.setblocking(False)
         self.address = f"{address}:{self._listener.getsockname()[1]}"
@@ -72,9 +73,15 @@ class LeaseServer:
         """A new attempt: only instances of ``generation`` hold a lease from now on."""
         with self._lock:
             self.generation = generation
-            self.heard = {}
+            self.heard, self._fresh = {}, {}
             for client in list(self._clients):
                 self._drop(client)
+
+    def take_heard(self) -> dict[int, float]:
+        """The heartbeats since the last call: instance → when its latest arrived."""
+        with self._lock:
+            fresh, self._fresh = self._fresh, {}
+            return fresh
 
     def close(self) -> None:
         """Stop renewing: every instance still connected sees the end of its lease."""
@@ -144,7 +151,7 @@ class LeaseServer:
                     self._drop(client)
                     return
             self._clients[client] = (since, instance, b"")
-            self.heard[instance] = self.clock()
+            self.heard[instance] = self._fresh[instance] = self.clock()
 
     def _hello(self, line: bytes) -> int | None:
         """``SECRET GENERATION INSTANCE``: the instance's index, or None (not ours, or old)."""

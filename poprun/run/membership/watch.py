@@ -36,7 +36,6 @@ from poprun.plan.topology import InstancePlan
 from poprun.run import ssh_check
 from poprun.run.membership.lease import LeaseServer
 from poprun.run.membership.members import Membership
-from poprun.run.progress.board import InstanceFigures
 
 #: ssh's time-out in a probe (connection and greeting), seconds.
 PROBE_TIMEOUT_S = 3
@@ -141,7 +140,13 @@ class HostWatch:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="poprun-probe")
         self._probes: dict[str, Future[str]] = {}
         self._hosts: dict[int, str] = {}
-        self._snapshot: Callable[[], list[InstanceFigures]] = list
+        self._reports: Callable[[], dict[int, float]] = dict
+        #: The membership decides the probes at most every POLL_S (its questions walk every
+        #: host; the loop turns once per event): when next, whether one was put off, and
+        #: when it said it would next have something to do.
+        self._decide_at = 0.0
+        self._deferred = False
+        self._next: float | None = None
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[bytes]] = set()
         self._stopped = False
@@ -149,12 +154,14 @@ class HostWatch:
         self.connections: ssh_check.SharedConnections | None = None
 
     def attach(
-        self, instances: Sequence[InstancePlan], snapshot: Callable[[], list[InstanceFigures]]
+        self, instances: Sequence[InstancePlan], reports: Callable[[], dict[int, float]]
     ) -> None:
-        """A new attempt: its instances and its progress board."""
+        """A new attempt: its instances, and its progress board's reports since the last look
+        (:meth:`~poprun.run.progress.board.ProgressBoard.take_reports`)."""
         self._hosts = {plan.index: plan.host for plan in instances}
-        self._snapshot = snapshot
+        self._reports = reports
         self._stopped = False
+        self._decide_at, self._deferred = 0.0, False
         if self.lease is not None:
             self.lease.begin(self.membership.generation)
         self.membership.launched(self._hosts)
@@ -166,17 +173,17 @@ class HostWatch:
             self.connections.drop([loss.host for loss in self.membership.losses])
 
     def tick(self) -> None:
-        """What was heard, the probes that ended, the probes to start."""
+        """What was heard (only what came since the last tick), the probes that ended, the
+        probes to start (decided at most every :data:`POLL_S`)."""
         members = self.membership
-        for figures in self._snapshot():
-            host = self._hosts.get(figures.instance)
-            if host is not None and figures.reported_at:
-                members.heard(host, figures.reported_at)
-        if self.lease is not None:
-            for instance, at in list(self.lease.heard.items()):
+        heard: dict[str, float] = {}
+        for source in (self._reports(), self.lease.take_heard() if self.lease else {}):
+            for instance, at in source.items():
                 host = self._hosts.get(instance)
-                if host is not None:
-                    members.heard(host, at)
+                if host is not None and at > heard.get(host, 0.0):
+                    heard[host] = at
+        for host, at in heard.items():
+            members.heard(host, at)
         for host, future in list(self._probes.items()):
             if future.done():
                 del self._probes[host]
@@ -185,8 +192,14 @@ class HostWatch:
                 members.answered(host, not why, why)
         if self.command is None:
             return
+        now = self.clock()
+        self._deferred = now < self._decide_at
+        if self._deferred:
+            return
+        self._decide_at = now + POLL_S
         for host in members.to_probe():
             self._probes[host] = self._pool.submit(self._probe, host)
+        self._next = members.next_time()
 
     def probe_now(self, hosts: Sequence[str]) -> None:
         """Ask ``hosts`` at once and wait for the answers (after a failed attempt); a probe
@@ -204,11 +217,15 @@ class HostWatch:
             self.membership.answered(host, not why, why)
 
     def wait_s(self) -> float | None:
-        """How long the loop may wait: briefly while a probe is out, else until the next."""
+        """How long the loop may wait: briefly while a probe is out or a decision was put
+        off, else until the membership's next (as it said at the last decision)."""
         if self._probes:
             return POLL_S
-        at = self.membership.next_time()
-        return None if at is None else max(0.0, at - self.clock())
+        now = self.clock()
+        if self._deferred:
+            return max(0.0, self._decide_at - now)
+        at = self.membership.next_time() if self.command is None else self._next
+        return None if at is None else max(0.0, at - now)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

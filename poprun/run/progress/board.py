@@ -14,17 +14,24 @@ time the record arrived.
 
 The supervisor's thread updates the board; the status endpoint's thread reads it
 (:meth:`ProgressBoard.snapshot`): a lock keeps the two apart.
+
+A record costs the board the same whatever the job's size (issue 53): the desync check looks
+each call up by its sequence number among the signatures seen there (one per kind of call,
+the lowest instance that issued it), not in every other instance's calls; the board counts
+the instances that are exiting instead of asking each; and the host watch takes the reports
+that arrived since it last asked (:meth:`ProgressBoard.take_reports`), not a snapshot. Its
+memory is one record per instance and :data:`KEPT_CALLS` sequence numbers for the job.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from popdist.progress import MARKER
 
-#: How many of an instance's collectives the board keeps by sequence number.
+#: How many of the job's latest sequence numbers the board compares calls at.
 KEPT_CALLS = 256
 MARKER_BYTES = MARKER.encode()
 
@@ -168,12 +175,15 @@ def _stacks(raw: Any) -> tuple[ThreadStack, ...]:
 
 
 class _Instance:
-    __slots__ = ("calls", "counters", "figures")
+    __slots__ = ("counters", "figures")
 
     def __init__(self, figures: InstanceFigures, counters: tuple[int, int, int]) -> None:
         self.figures = figures
         self.counters = counters
-        self.calls: dict[int, CollectiveCall] = {}
+
+
+#: One sequence number's calls: each signature, with the lowest instance that issued it.
+_Seen = dict[tuple[str, tuple[int, ...], str], tuple[int, str, CollectiveCall]]
 
 
 class ProgressBoard:
@@ -184,6 +194,11 @@ class ProgressBoard:
         self._lock = threading.Lock()
         self._instances: dict[int, _Instance] = {}
         self._desync: Desync | None = None
+        self._by_seq: dict[int, _Seen] = {}
+        self._oldest = 0  # the lowest sequence number still kept in _by_seq
+        self._exiting = 0  # instances whose last record says they are exiting
+        self._latest = 0.0  # the latest progress of any instance
+        self._reports: dict[int, float] = {}  # instance -> its record's time, not yet taken
 
     def update(self, fields: dict[str, Any]) -> bool:
         """Take one instance's record; whether it shows progress since its last one (its
@@ -222,29 +237,42 @@ class ProgressBoard:
                 failure=str(fields.get("failure") or ""),
                 exiting=exiting,
             )
-            entry = self._instances.get(index)
-            if entry is None:
-                entry = self._instances[index] = _Instance(figures, counters)
-            entry.figures, entry.counters = figures, counters
+            if known is None:
+                self._instances[index] = _Instance(figures, counters)
+            else:
+                self._exiting -= known.figures.exiting
+                known.figures, known.counters = figures, counters
+            self._exiting += exiting
+            self._latest = max(self._latest, last)
+            self._reports[index] = now
             for call in (*calls, pending, failed):
                 if call is not None:
-                    entry.calls.setdefault(call.seq, call)
                     self._compare(index, figures.host, call)
-            while len(entry.calls) > KEPT_CALLS:
-                entry.calls.pop(min(entry.calls))
         return moved
 
     def _compare(self, index: int, host: str, call: CollectiveCall) -> None:
-        if self._desync is not None:
-            return
-        for other, entry in sorted(self._instances.items()):
-            theirs = entry.calls.get(call.seq)
-            if other != index and theirs is not None and theirs.signature != call.signature:
-                mine = (index, host, call)
-                peer = (other, entry.figures.host, theirs)
-                first, second = sorted((mine, peer), key=lambda side: side[0])
+        """Whether ``call`` differs from another instance's at its sequence number: the
+        lowest instance with another signature there is named (constant time a call)."""
+        if call.seq < self._oldest:
+            return  # older than every number kept: nothing left to compare it with
+        seen = self._by_seq.setdefault(call.seq, {})
+        if self._desync is None:
+            others = [rep for sig, rep in seen.items() if sig != call.signature and rep[0] != index]
+            if others:
+                peer = min(others, key=lambda side: side[0])
+                first, second = sorted(((index, host, call), peer), key=lambda side: side[0])
                 self._desync = Desync(call.seq, first, second)
-                return
+        kept = seen.get(call.signature)
+        if kept is None or index < kept[0]:
+            seen[call.signature] = (index, host, call)
+        if call.seq - self._oldest >= KEPT_CALLS:  # forget the oldest numbers
+            oldest = call.seq - KEPT_CALLS + 1
+            if oldest - self._oldest > KEPT_CALLS:  # a jump: sweep once
+                self._by_seq = {seq: s for seq, s in self._by_seq.items() if seq >= oldest}
+            else:
+                for seq in range(self._oldest, oldest):
+                    self._by_seq.pop(seq, None)
+            self._oldest = oldest
 
     def snapshot(self) -> list[InstanceFigures]:
         """Every instance that reported, by index."""
@@ -254,9 +282,13 @@ class ProgressBoard:
     def finishing(self) -> bool:
         """Whether every instance that reported has ended its program (the job is ending)."""
         with self._lock:
-            return bool(self._instances) and all(
-                e.figures.exiting for e in self._instances.values()
-            )
+            return bool(self._instances) and self._exiting == len(self._instances)
+
+    def take_reports(self) -> dict[int, float]:
+        """Each instance heard from since the last call, and when its latest record came."""
+        with self._lock:
+            reports, self._reports = self._reports, {}
+            return reports
 
     def desync(self) -> Desync | None:
         """The first two calls found to differ at one sequence number, if any."""
@@ -266,7 +298,7 @@ class ProgressBoard:
     def last_progress(self) -> float | None:
         """When any instance last made progress (None: none reported yet)."""
         with self._lock:
-            return max((e.figures.last_progress for e in self._instances.values()), default=None)
+            return self._latest if self._instances else None
 
     def shift(self, seconds: float) -> None:
         """poprun was stopped (Ctrl-Z) this long: the instances' quiet time does not count."""
@@ -274,6 +306,7 @@ class ProgressBoard:
             for entry in self._instances.values():
                 f = entry.figures
                 entry.figures = _shifted(f, seconds)
+            self._latest += seconds
 
 
 def _shifted(f: InstanceFigures, seconds: float) -> InstanceFigures:
@@ -305,10 +338,3 @@ def _numbers(fields: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             out[name] = kind(0)
     return out
-
-
-def calls_of(board: ProgressBoard, instance: int) -> Iterable[CollectiveCall]:
-    """The collectives the board keeps of ``instance``, by sequence number (for reports)."""
-    with board._lock:
-        entry = board._instances.get(instance)
-        return [entry.calls[s] for s in sorted(entry.calls)] if entry else []
