@@ -559,6 +559,26 @@ def _slurm() -> list[Goal]:
     ]  # fmt: skip
 
 
+def _clusters() -> list[Goal]:
+    """Issue 52: inside an engine's job, poprun + popdist.init() against bare mpirun."""
+
+    def lm(engine: str, case: str) -> Figure:
+        return at("launch", engine, case, "median")
+
+    def ls(engine: str, case: str) -> Rounds:
+        return listed("launch", engine, case, "samples")
+
+    return [
+        Goal(f"issue 52: {engine}, poprun + popdist.init() ≤ 1.1× bare mpirun, {where}",
+             "clusters-benchmark", at("ratios", engine), 1.1, "≤",
+             "{a:.3f} s vs {b:.3f} s (2 hosts, no host list)",
+             {"a": lm(engine, "poprun"), "b": lm(engine, "mpirun")},
+             rounds=per_round(ls(engine, "poprun"), ls(engine, "mpirun")))
+        for engine, where in (("Grid Engine", "same job (qrsh -inherit)"),
+                              ("Kubernetes MPIJob", "same simulated pods (ssh)"))
+    ]  # fmt: skip
+
+
 def _others() -> list[Goal]:
     ratios = ("ratio",)
     goals = [
@@ -671,6 +691,7 @@ GOALS: tuple[Goal, ...] = (
     *_multihost(),
     *_elastic(),
     *_slurm(),
+    *_clusters(),
     *_others(),
     *_progress(),
     *_deterministic(),

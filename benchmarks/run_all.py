@@ -92,6 +92,8 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         "elastic": ([PY, str(here / "elastic.py"), "--rounds", "3"], 2400, "elastic-benchmark"),
         # Inside an allocation of a two-node Slurm cluster (needs root; elsewhere it skips).
         "slurm": ([PY, str(here / "slurm.py"), "--rounds", "7"], 600, "slurm-benchmark"),
+        # Inside a Grid Engine job and a simulated MPIJob's pods (needs root; else it skips).
+        "clusters": ([PY, str(here / "clusters.py"), "--rounds", "7"], 900, "clusters-benchmark"),
         "output_throughput": (
             [PY, str(here / "output_throughput.py"), "--rounds", "5", "--mb", "50"],
             300,
@@ -186,6 +188,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Across hosts: launch and gradient allreduce", "multihost-benchmark", None),
     ("A lost host: detection, recovery, recomputed steps", "elastic-benchmark", None),
     ("Inside a Slurm allocation: launch", "slurm-benchmark", None),
+    ("Inside a cluster engine's job: launch", "clusters-benchmark", None),
     ("Output throughput: poprun against bare mpirun", "output-throughput", None),
     ("The torch.distributed backend", "torch-backend", None),
     ("Progress reporting: training throughput on and off", "progress-overhead", None),
