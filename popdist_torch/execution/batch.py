@@ -8,7 +8,7 @@ per-replica leaves. Shared by the replica runners and the executor.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 from popdist_torch.errors import ExecutorError
 from popdist_torch.options import Options
 
-__all__ = ["Batch", "check_scalar", "detach", "detach_own", "loss_index", "loss_of", "stack"]
+__all__ = ["Batch", "detach", "detach_own", "stack"]
 
 
 class Batch:
@@ -103,65 +103,6 @@ class Batch:
             return tuple(leaves), {}
         args, kwargs = tree_unflatten(leaves, self.spec)
         return tuple(args), dict(kwargs)
-
-
-def loss_index(output: Any, *, batched: bool = False) -> int | str | None:
-    """Where one micro-batch's loss is in the model's output (PopTorch finds it anywhere).
-
-    ``None``: the output is the loss. In a dict (a Hugging Face ``ModelOutput``), the key
-    ``"loss"``. In a tuple or list, the loss is the last element if it
-    is a scalar that depends on the parameters (what a loss function or ``identity_loss``
-    returns), else the first element if that one is, else the last (which the checks then
-    reject with a message). So ``(output, loss)`` and ``(loss, output)`` both train; with
-    scalars needing gradients at both ends, the last is the loss. ``batched``: the output
-    of the replicas' ``vmap``, whose leaves have a leading replica dimension (inside
-    ``vmap`` whether a tensor needs gradients cannot be seen, so the choice is made there).
-    """
-    if isinstance(output, Mapping):
-        if "loss" not in output:
-            raise ExecutorError(
-                f"a training model's forward returned a dict with keys {list(output)} and no "
-                "'loss': return the loss under 'loss' (Hugging Face models: pass labels=...)"
-            )
-        return "loss"
-    if not isinstance(output, (tuple, list)) or not output:
-        return None
-    last = len(output) - 1
-    dim = 1 if batched else 0
-    if _is_loss(output[last], dim) or not _is_loss(output[0], dim):
-        return last
-    return 0
-
-
-def _is_loss(value: Any, dim: int) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() == dim and value.requires_grad
-
-
-def loss_of(output: Any, index: int | str | None = -1) -> torch.Tensor:
-    """The loss in ``output``: at ``index`` (from :func:`loss_index`; ``-1``: find it)."""
-    if index == -1:
-        index = loss_index(output)
-    loss = output if index is None else output[index]
-    if not isinstance(loss, torch.Tensor):
-        raise ExecutorError(
-            f"a training model's forward must return its loss as a tensor, a tuple whose "
-            f"first or last element is the loss, or a dict with the key 'loss'; got "
-            f"{type(loss).__name__}"
-        )
-    return loss
-
-
-def check_scalar(loss: torch.Tensor) -> None:
-    if loss.dim() != 0:
-        raise ExecutorError(
-            f"the loss must be a scalar per micro-batch, got shape {tuple(loss.shape)}: reduce "
-            f"it (loss.mean(), loss.sum()) or wrap it in identity_loss(x, reduction='mean')"
-        )
-    if not loss.requires_grad:
-        raise ExecutorError(
-            "the loss does not depend on any trainable parameter: check that forward() uses "
-            "the module's parameters and that they have requires_grad=True"
-        )
 
 
 def _each_tensor(tree: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

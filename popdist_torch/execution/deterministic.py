@@ -30,9 +30,10 @@ import torch
 from torch import nn
 
 from popdist.collectives.base import Collectives
-from popdist_torch.execution.batch import Batch, check_scalar, detach, loss_of, stack
+from popdist_torch.execution.batch import Batch, detach, stack
 from popdist_torch.execution.outputs import OutputCollector
 from popdist_torch.execution.runners import ReplicaRunner
+from popdist_torch.surface.loss import backward_loss, find_loss, watching_losses
 
 __all__ = ["DeterministicReplicaRunner", "ReplicaGradients"]
 
@@ -142,10 +143,9 @@ class DeterministicReplicaRunner(ReplicaRunner):
             outputs = []
             for i in range(inputs[0].shape[0]):
                 args, kwargs = batch.rebuild(_own_memory(inputs, i))
-                out = self.model(*args, **kwargs)
-                loss = loss_of(out)
-                check_scalar(loss)
-                (loss * scale).backward()  # type: ignore[no-untyped-call]
+                with watching_losses() as marks:
+                    out = self.model(*args, **kwargs)
+                backward_loss(find_loss(out, marks), scale)
                 self.gradients.take(i, first=g == 0)
                 if keep:
                     outputs.append(detach(out))

@@ -45,6 +45,7 @@ from popdist_torch.optim import SGD, PopTorchOptimizer, check_constants, loss_sc
 from popdist_torch.optim.sharded import StateShards, step
 from popdist_torch.options import Options
 from popdist_torch.options.distributed import replica_counts
+from popdist_torch.surface.loss import mark_loss
 
 __all__ = [
     "ExecutorError",
@@ -63,14 +64,40 @@ _NO_DETERMINISTIC_STAGES = (
 
 
 def identity_loss(x: torch.Tensor, reduction: str = "none") -> torch.Tensor:
-    """Mark ``x`` as the loss, reduced by ``"sum"``, ``"mean"`` or ``"none"`` (already scalar)."""
+    """Mark ``x`` as the loss, reduced by ``"sum"``, ``"mean"`` or ``"none"`` (kept as it is).
+
+    The tensor returned is the loss wherever the model's output holds it, whatever its shape
+    (docs/executor.md, the loss rule); ``"none"`` keeps the shape, and backward seeds every
+    element's gradient, as PopTorch does. Traced by torch.fx (a staged model), it stays one
+    call in the graph, so the stage that computes it marks it as it runs; in a TorchScript
+    model it reduces only (the loss is then found by the rule's second part).
+    """
+    if torch.jit.is_scripting():  # type: ignore[attr-defined]
+        return _reduced(x, reduction)
+    return _marked(x, reduction)
+
+
+def _reduced(x: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "sum":
         return x.sum()
     if reduction == "mean":
         return x.mean()
     if reduction == "none":
         return x
-    raise ExecutorError(f"identity_loss(reduction={reduction!r}): expected 'sum', 'mean' or 'none'")
+    # no f-string conversion: TorchScript compiles this function too
+    raise ExecutorError(
+        "identity_loss(reduction='" + reduction + "'): expected 'sum', 'mean' or 'none'"
+    )
+
+
+@torch.jit.unused
+def _marked(x: torch.Tensor, reduction: str) -> torch.Tensor:
+    """``identity_loss`` in Python: marked for the loss rule, or one call in a torch.fx graph."""
+    from torch import fx
+
+    if isinstance(x, fx.Proxy):
+        return x.tracer.create_proxy("call_function", identity_loss, (x, reduction), {})
+    return mark_loss(_reduced(x, reduction))
 
 
 def _resolved(options: Options | None, *, training: bool) -> Options:

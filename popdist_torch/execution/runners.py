@@ -33,18 +33,19 @@ from torch import nn
 from torch.func import vmap
 
 from popdist_torch.errors import ExecutorError
-from popdist_torch.execution.batch import (
-    Batch,
-    check_scalar,
-    detach,
-    detach_own,
-    loss_index,
-    loss_of,
-    stack,
-)
+from popdist_torch.execution.batch import Batch, detach, detach_own, stack
 from popdist_torch.execution.outputs import OneReplica, OutputCollector
 from popdist_torch.execution.reducer import GradientReducer
 from popdist_torch.options import Options
+from popdist_torch.surface.loss import (
+    Path,
+    backward_loss,
+    find_loss,
+    loss_at,
+    loss_path,
+    marked_path,
+    watching_losses,
+)
 
 __all__ = ["LocalReplicaRunner", "ReplicaRunner", "StageReplicaRunner", "make_runner"]
 
@@ -177,17 +178,26 @@ class LocalReplicaRunner(ReplicaRunner):
         # The parameters enter unbatched, as the module's own tensors (no functional_call
         # swapping them in and out on every call): autograd reaches them through the
         # vmapped graph, so their .grad and hooks see the sum over replicas.
+        marked: list[Path | None] = [None]
+
         def one_replica(tensors: list[torch.Tensor]) -> Any:
             args, kwargs = batch.rebuild(tensors)
-            return model(*args, **kwargs)
+            if scale is None:
+                return model(*args, **kwargs)
+            with watching_losses() as marks:  # identity_loss's mark is seen inside vmap only
+                output = model(*args, **kwargs)
+            if marks:
+                marked[0] = marked_path(output, lambda v: any(v is m for m in marks), ExecutorError)
+            return output
 
         if scale is not None:
             self._arm(last)
         out = vmap(one_replica, randomness="different")(inputs)
         if scale is not None:
-            losses = loss_of(out, loss_index(out, batched=True))
-            if losses.dim() != 1 or not losses.requires_grad:
-                check_scalar(losses[0])  # raises: not a scalar per micro-batch, or no gradient
+            path, is_marked = (
+                (marked[0], True) if marked[0] is not None else loss_path(out, replicas=True)
+            )
+            losses = loss_at(out, path, is_marked, replicas=True)
             # d(scale * sum(losses)) / d(losses) = scale, without the two extra ops
             losses.backward(torch.full_like(losses, scale))  # type: ignore[no-untyped-call]
         return detach_own(out) if keep else None  # laid out later, after the update
@@ -205,14 +215,12 @@ class LocalReplicaRunner(ReplicaRunner):
         replicas = inputs[0].shape[0]
         for i in range(replicas):
             args, kwargs = batch.rebuild([t[i] for t in inputs])
-            with self._autocast():
+            with self._autocast(), watching_losses() as marks:
                 out = self.model(*args, **kwargs)
             if scale is not None:
-                loss = loss_of(out)
-                check_scalar(loss)
+                loss = find_loss(out, marks)
                 self._arm(last and i == replicas - 1)
-                # A scale of 1 (one replica, no accumulation, no loss scaling): no extra op
-                (loss if scale == 1.0 else loss * scale).backward()  # type: ignore[no-untyped-call]
+                backward_loss(loss, scale)
             if keep:
                 outputs.append(detach_own(out) if replicas == 1 else detach(out))
         if not keep:

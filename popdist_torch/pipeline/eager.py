@@ -56,6 +56,7 @@ from popdist_torch.pipeline.stages import (
     check_shared_parameters,
     resolve_stages,
 )
+from popdist_torch.surface.loss import find_loss, watching_losses
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 Recorder = Callable[[StageSpec, str, int, float, float], None]
@@ -288,32 +289,6 @@ def _stage_spans(plan: EagerPlan, seen: _StagedForward) -> dict[int, tuple[float
     return spans
 
 
-def find_loss(output: Any) -> torch.Tensor:
-    """The loss in an eager forward's output (the executor's rule, on the values)."""
-    loss: Any = output
-    if isinstance(output, Mapping):
-        if "loss" not in output:
-            raise PipelineError(
-                f"training needs the loss: the model returned keys {list(output)} and no "
-                "'loss'; return it under 'loss' (Hugging Face: pass labels=...)"
-            )
-        loss = output["loss"]
-    elif isinstance(output, (tuple, list)) and output:
-        last, first = output[-1], output[0]
-        loss = first if not _loss_like(last) and _loss_like(first) else last
-    if not _loss_like(loss):
-        raise PipelineError(
-            "training needs the model's forward to return its loss, a scalar that depends on "
-            "the parameters, alone, first or last in a tuple, or under the key 'loss'; got "
-            + (f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else repr(loss))
-        )
-    return loss  # type: ignore[no-any-return]
-
-
-def _loss_like(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad
-
-
 def detached(output: Any) -> Any:
     """The output with every tensor detached (other leaves as they are)."""
     return tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, output)
@@ -361,6 +336,7 @@ class EagerStages:
                     recompute=self.plan.recompute if self.plan is not None and training else (),
                 ) as seen,
                 torch.set_grad_enabled(training),
+                watching_losses() as marks,
             ):
                 out = self.model(*args, **kwargs)
             if self.plan is None:
@@ -370,7 +346,7 @@ class EagerStages:
             if m == 0:
                 check(len(self.plan.stages))
             if training:
-                loss = find_loss(out)
+                loss = find_loss(out, marks, error=PipelineError)  # the executor's rule
                 start = time.perf_counter()
                 loss.backward(torch.full_like(loss, grad_scale))  # type: ignore[no-untyped-call]
                 if record is not None:

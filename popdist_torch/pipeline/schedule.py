@@ -47,6 +47,13 @@ from popdist_torch.pipeline.stages import (
     build_plan,
     loss_candidates,
 )
+from popdist_torch.surface.loss import (
+    leaf_at,
+    loss_like,
+    marked_path,
+    unmarked_path,
+    watching_losses,
+)
 
 Op = tuple[str, int]  # ("F" | "B", micro-batch index)
 
@@ -527,20 +534,28 @@ class _Step:
         saved: dict[int, tuple[list[Any], list[Any]]],
     ) -> None:
         inputs = [self._input(src, spec, m, device) for src in spec.inputs]
+        deciding = self.loss is None and m == 0  # which output is the loss: told by its values
+        watch: contextlib.AbstractContextManager[list[Any]] = (
+            watching_losses() if deciding else contextlib.nullcontext([])
+        )
         with (
             self.runner.on_device(spec),
             torch.set_grad_enabled(self.grad_enabled if self.training else False),
+            watch as marks,
         ):
             start = time.perf_counter()
             assert spec.module is not None
             result = list(spec.module(*inputs))
             self.runner.record(spec, "F", m, start)
-        if self.loss is None and m == 0:  # which tuple end is the loss: told by its values
+        if deciding:
+            told: list[Any] = []  # a marked tensor returned twice is one loss, as unstaged
             for cand in self.candidates:
                 if cand.stage == spec.index:
                     value = result[cand.index]
-                    is_loss = isinstance(value, torch.Tensor) and value.dim() == 0
-                    self.exchange.put(("loss?", cand), is_loss and value.requires_grad)
+                    marked = any(value is mark for mark in marks)
+                    marked = marked and not any(value is other for other in told)
+                    told += [value] if marked else []
+                    self.exchange.put(("loss?", cand), (marked, loss_like(value)))
         for i, value in enumerate(result):
             for consumer in spec.consumers.get(i, []):
                 self.exchange.put(("act", consumer, spec.index, i, m), value)
@@ -550,14 +565,34 @@ class _Step:
             saved[m] = (inputs, result)
 
     def _loss(self) -> Source:
-        """The loss: the one candidate, else the tuple's last element unless only the first
-        is a scalar needing gradients (decided on micro-batch 0's values, kept in the plan)."""
+        """The loss: the one candidate, else the loss rule on micro-batch 0's values (the
+        output ``identity_loss`` marked, else a dict's ``"loss"``, else a tuple's last or
+        first loss-like element), kept in the plan."""
         if self.loss is None:
-            last, first = self.candidates
-            take_first = not self.exchange.get(("loss?", last), keep=True) and self.exchange.get(
-                ("loss?", first), keep=True
-            )
-            self.loss = self.plan.loss = first if take_first else last
+            flags = {id(c): self.exchange.get(("loss?", c), keep=True) for c in self.candidates}
+
+            def flag(leaf: Any, which: int) -> bool:
+                return bool(flags[id(leaf)][which]) if id(leaf) in flags else False
+
+            out = self.plan.output
+            path = marked_path(out, lambda leaf: flag(leaf, 0), PipelineError)
+            marked = path is not None
+            if path is None:
+                path = unmarked_path(out, lambda leaf: flag(leaf, 1), PipelineError)
+            chosen = leaf_at(out, path)
+            if not isinstance(chosen, Source) or id(chosen) not in flags:
+                raise PipelineError(
+                    "training needs the model's forward to return its loss, a tensor the model "
+                    "computes, at the place the loss rule looks (docs/executor.md)"
+                )
+            if not marked and not flag(chosen, 1):
+                raise PipelineError(
+                    "training needs the model's forward to return its loss: a tensor that "
+                    "depends on the parameters, marked by identity_loss anywhere in its output "
+                    "(any shape), or with one element per micro-batch alone, first or last in "
+                    "a tuple, or under the key 'loss'"
+                )
+            self.loss = self.plan.loss = chosen
         return self.loss
 
     def _backward(self, spec: StageSpec, m: int, inputs: list[Any], result: list[Any]) -> None:

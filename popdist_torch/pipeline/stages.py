@@ -495,21 +495,18 @@ def _source_of(arg: Any, values: dict[fx.Node, Source]) -> Source:
 
 
 def loss_candidates(plan: StagePlan) -> list[Source]:
-    """Where the loss may be, best first: the output itself, a dict's ``"loss"``, or a
-    tuple's last then first element (``(logits, loss)`` and ``(loss, logits)``; which one
-    is decided on the values: the last unless it is not a scalar needing gradients and the
-    first is)."""
-    out = plan.output
-    if isinstance(out, dict):
-        found = [out["loss"]] if "loss" in out else []
-    elif isinstance(out, (tuple, list)) and out:
-        found = [out[-1], out[0]] if len(out) > 1 else [out[0]]
-    else:
-        found = [out]
-    found = [s for s in found if isinstance(s, Source) and s.kind == "stage"]
+    """Where the loss may be: every value a stage computes that the forward returns, in the
+    output's order (the loss rule, :mod:`popdist_torch.surface.loss`, picks one on the
+    values of the first micro-batch: the one ``identity_loss`` marked, else a dict's
+    ``"loss"``, else a tuple's last or first element)."""
+    found: list[Source] = []
+    for source in plan.output_sources:
+        if source.kind == "stage" and not any(source is other for other in found):
+            found.append(source)
     if not found:
         raise PipelineError(
             "training needs the model's forward to return the loss (a tensor computed by the "
-            "model) alone, as the first or last element of a tuple, or under the key 'loss'"
+            "model): alone, marked by identity_loss anywhere in its output, as the first or "
+            "last element of a tuple, or under the key 'loss'"
         )
     return found
