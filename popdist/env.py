@@ -40,6 +40,10 @@ variable                                   value
                                            over replicas is the same bits whatever the split
 ``POPDIST_GENERATION``                     the job's membership generation (``0`` when unset);
                                            every checkpoint carries it
+``POPDIST_POPTORCH_MODULES``               ``1`` with ``--poptorch-modules`` (or set by the
+                                           user): ``import poptorch`` and ``import popart``
+                                           answer with the project's modules (read by the
+                                           ``.pth`` hook, :mod:`_popdist_poptorch`)
 =========================================  ====================================================
 
 The first six are PopRun's own. The *required* set (:data:`REQUIRED`) must be complete or
@@ -93,6 +97,10 @@ GENERATION = "POPDIST_GENERATION"
 #: Where the instance holds its lease from poprun (``ADDRESS:PORT``; multi-host jobs):
 #: without a renewal for a while, the instance ends itself (:mod:`popdist.lease`).
 LEASE = "POPDIST_LEASE"
+#: The opt-in PopTorch module names (``poprun --poptorch-modules``); the user may set it too,
+#: and poprun passes it on (:data:`USER_TUNING`). The site-packages hook reads the same name
+#: (``_popdist_poptorch.VARIABLE``).
+POPTORCH_MODULES = "POPDIST_POPTORCH_MODULES"
 
 #: The values ``POPDIST_BACKEND`` (``poprun --backend``) may take; the first is the default.
 BACKENDS: tuple[str, ...] = ("auto", "horovod", "torch")
@@ -670,7 +678,7 @@ TORCH_CPU_ALLREDUCE = "POPDIST_TORCH_CPU_ALLREDUCE"
 TORCH_CPU_ALLREDUCE_CHOICES = ("mpi", "gloo")
 #: The ``POPDIST_*`` variables the *user* sets (tuning, not the run's shape): poprun passes
 #: them to the instances as they are, where it replaces every other ``POPDIST_*``.
-USER_TUNING = frozenset({TORCH_TIMEOUT, TORCH_CPU_ALLREDUCE})
+USER_TUNING = frozenset({TORCH_TIMEOUT, TORCH_CPU_ALLREDUCE, POPTORCH_MODULES})
 
 
 def read_process(
@@ -768,6 +776,13 @@ def read_deterministic_reduction(environ: Mapping[str, str] | None = None) -> bo
     """Whether ``poprun --deterministic-reduction`` asked for the split-independent sum."""
     environ = os.environ if environ is None else environ
     return _flag(environ, DETERMINISTIC_REDUCTION)
+
+
+def read_poptorch_modules(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the process asked for the PopTorch module names (``POPDIST_POPTORCH_MODULES``):
+    the program then runs as if on IPUs (``poptorch.ipuHardwareVersion()`` answers)."""
+    environ = os.environ if environ is None else environ
+    return _flag(environ, POPTORCH_MODULES)
 
 
 def generation(environ: Mapping[str, str] | None = None) -> int:

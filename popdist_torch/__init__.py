@@ -3,12 +3,16 @@
 ``import popdist_torch as poptorch`` lets a PopTorch script run here unchanged: every
 public PopTorch name is here, supported, accepted as a documented no-op, or a callable
 that raises :class:`UnsupportedOptionError` naming what to use instead
-(``docs/poptorch-names.md``).
+(``docs/poptorch-names.md``). With the opt-in PopTorch names (``poprun
+--poptorch-modules``, :data:`popdist.env.POPTORCH_MODULES`) even that line stays as it was:
+``import poptorch`` is this module (:mod:`_popdist_poptorch`).
 """
 
 import warnings as _warnings
 from typing import Any as _Any
 
+from _popdist_poptorch import MODULES as _MODULES
+from _popdist_poptorch import VERSION as _VERSION
 from popdist.heap import freeze_imports as _freeze_imports
 from popdist_torch import optim
 from popdist_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -194,6 +198,9 @@ __all__ = [
     "trainingModel",
 ]
 
+#: PopTorch's ``poptorch.__version__`` form, ``<release>-<snapshot>``: "3.3.0-popdist.0.1.0".
+__version__ = _VERSION
+
 _register_graph_ops()  # torch.ops.poptorch.*, as PopTorch registers them
 _freeze_imports()  # torch's import-time heap: no later collection walks it (popdist.heap)
 
@@ -201,8 +208,18 @@ _freeze_imports()  # torch's import-time heap: no later collection walks it (pop
 _DEPRECATED = {"AnchorMode": "poptorch.OutputMode (PopTorch 2.4 renamed AnchorMode)"}
 
 
+#: PopTorch's submodules that programs reach as attributes (``poptorch._impl``,
+#: ``poptorch._poplar_executor.PoplarExecutor``), and the project's module each one is.
+_SUBMODULES = {
+    name.partition(".")[2]: target
+    for name, target in _MODULES.items()
+    if name.startswith("poptorch.")
+}
+
+
 def __getattr__(name: str) -> _Any:
-    """``poptorch.AnchorMode``: PopTorch's old name of ``OutputMode``, with a warning."""
+    """``poptorch.AnchorMode``: PopTorch's old name of ``OutputMode``, with a warning; and
+    PopTorch's submodules as attributes (``poptorch._impl``), imported on first use."""
     if name in _DEPRECATED:
         _warnings.warn(
             f"poptorch.{name} is deprecated: use {_DEPRECATED[name]}", FutureWarning, stacklevel=2
@@ -210,8 +227,14 @@ def __getattr__(name: str) -> _Any:
         from popdist_torch.enums import AnchorMode
 
         return AnchorMode
+    if name in _SUBMODULES:
+        import importlib
+
+        module = importlib.import_module(_SUBMODULES[name])
+        globals()[name] = module
+        return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_DEPRECATED])
+    return sorted({*globals(), *_DEPRECATED, *_SUBMODULES})

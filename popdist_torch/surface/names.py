@@ -24,6 +24,7 @@ giving it ``no_op(..., record=lambda <its arguments>: <value kept>)``.
 
 from __future__ import annotations
 
+from popdist.env import POPTORCH_MODULES
 from popdist_torch.enums import HalfFloatCastingBehavior, MeanReductionStrategy
 from popdist_torch.surface.rows import Row, no_op, refused, supported, whole_number
 
@@ -34,6 +35,7 @@ P = "poptorch"
 MODELS, PARALLEL, OPS, ENUMS = "models", "model parallelism", "operations", "enumerations"
 _SAVE = "save with popdist_torch.save_checkpoint and restore with popdist_torch.load_checkpoint"
 _NO_IPU = "there are no IPU transfers; use torch.profiler"
+_OPT_IN = f"{POPTORCH_MODULES}=1"  # the opt-in PopTorch module names (docs: the module names)
 _SETTERS = "call the setters in Python (opts.deviceIterations(4), opts.Training.gradientAccumulation(8), ...)"
 
 TOP_LEVEL: tuple[Row, ...] = (
@@ -48,8 +50,9 @@ TOP_LEVEL: tuple[Row, ...] = (
     supported(P, "optim", "PopTorch's optimizers on torch ([executor.md](executor.md))", MODELS),
     refused(P, "load", f"there are no PopTorch executables; {_SAVE}, then wrap the model again", section=MODELS),
     supported(P, "isRunningOnIpu", "always `False`: forward never runs on an IPU", MODELS),
-    supported(P, "ipuHardwareIsAvailable", "always `False` (see Decisions)", MODELS),
-    refused(P, "ipuHardwareVersion", "there is no IPU hardware here (popdist_torch runs on CPU or GPU); check poptorch.ipuHardwareIsAvailable() first", section=MODELS),
+    supported(P, "ipuHardwareIsAvailable", f"with `{_OPT_IN}`, `ipuHardwareIsAvailable(n)` is `True` where the run has `n` devices; without, always `False` (see Decisions)", MODELS),
+    supported(P, "ipuHardwareVersion", f"with `{_OPT_IN}`, `2` (a Mk2); without, raises `UnsupportedOptionError`: \"there is no IPU hardware here (popdist_torch runs on CPU or GPU); check poptorch.ipuHardwareIsAvailable() first\" (see Decisions)", MODELS),
+    supported(P, "__version__", f"PopTorch's form, `<release>-<snapshot>`: `3.3.0-popdist.0.1.0` (the PopTorch release whose API this follows, then the project's version); with `{_OPT_IN}`, `importlib.metadata.version(\"poptorch\")` is `3.3.0+popdist.0.1.0`", MODELS),
     supported(P, "setLogLevel", "`TRACE`, `DEBUG`, `INFO`, `WARN`, `ERR`, `OFF` or PopTorch's integers; sets the `popdist_torch` logger", MODELS),
     no_op(P, "registerPreCompileHook", "PopTorch calls the hook before compiling; there is no compilation, so it is never called (a removable handle is returned)", section=MODELS),
     no_op(P, "registerPostCompileHook", "PopTorch calls the hook after compiling; never called, as above", section=MODELS),
@@ -111,6 +114,18 @@ TOP_LEVEL: tuple[Row, ...] = (
     supported(P, "MultiConvPlanType", "for `MultiConv.planType` (no effect)", ENUMS),
     supported(P, "CommGroupType", "the enumeration exists; replica-grouped variables are not supported", ENUMS),
     supported(P, "VariableRetrievalMode", "the enumeration exists; replica-grouped variables are not supported", ENUMS),
+)
+
+IMPL = "poptorch._impl"
+_NEVER_WRAPPED = "PopTorch swaps the classes of the user's module, parameters and buffers for its wrappers and back; here the module is never changed"
+PRIVATE: tuple[Row, ...] = (
+    supported(IMPL, "unwrapModelIfNecessary", f"nothing to do: {_NEVER_WRAPPED}"),
+    supported(IMPL, "rewrapModelIfNecessary", f"nothing to do: {_NEVER_WRAPPED}"),
+    supported(IMPL, "unwrapIfWrapped", "returns its argument: nothing is wrapped"),
+    supported(IMPL, "isWrapped", "`False`: nothing is wrapped"),
+    supported(IMPL, "forEachParameterAndBuffer", "`fn(name, tensor)` for every buffer, then every parameter, as PopTorch"),
+    supported(IMPL, "createPoptorchError", "a `poptorch.Error` with `type`, `message` and `location`, as PopTorch's"),
+    supported(IMPL, "isRunningOnIpu", "as `poptorch.isRunningOnIpu`: `False`"),
 )
 
 OPT = "Options"
@@ -344,11 +359,12 @@ POPART: tuple[Row, ...] = (
 )
 # fmt: on
 
-#: Every PopTorch name, top-level names first, then ``Options`` and its groups,
+#: Every PopTorch name, top-level names first, then ``poptorch._impl``'s, ``Options`` and its groups,
 #: ``TensorLocationSettings``, the executor's methods, the optimizers' arguments, the
 #: ``torch.ops.poptorch`` operators and the ``popart`` names.
 NAMES: tuple[Row, ...] = (
     *TOP_LEVEL,
+    *PRIVATE,
     *OPTIONS,
     *GROUPS,
     *LOCATION_SETTINGS,

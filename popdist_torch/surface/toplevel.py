@@ -16,11 +16,12 @@ from typing import Any
 
 from torch.utils.hooks import RemovableHandle
 
-from popdist_torch.errors import PopdistTorchError
+from popdist_torch.errors import PopdistTorchError, UnsupportedOptionError
 from popdist_torch.surface.names import rows_of
 from popdist_torch.surface.rows import REFUSED, refusal
 
 __all__ = [
+    "IPU_VERSION",
     "LOG_LEVELS",
     "Error",
     "ICustomArgParser",
@@ -40,19 +41,59 @@ __all__ = [
     "registerCustomArgParser",
     "registerPostCompileHook",
     "registerPreCompileHook",
+    "run_devices",
     "setLogLevel",
 ]
 
 log = logging.getLogger("popdist_torch")
 
 
-def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
-    """``False``: there are no IPUs; the executor runs on the host's CPU (or GPUs).
+#: The IPU version the opt-in answers: a Mk2 (GC200), what PopTorch programs check for.
+IPU_VERSION = 2
 
-    Scripts that branch on it take their "no hardware" path, which here runs the same
-    model on the same executor (``Options.useIpuModel`` is a no-op).
+
+def _as_if_on_ipus() -> bool:
+    """Whether the program asked to run as if on IPUs: the opt-in PopTorch names
+    (``poprun --poptorch-modules``, :data:`popdist.env.POPTORCH_MODULES`)."""
+    from popdist.env import read_poptorch_modules
+
+    return read_poptorch_modules()
+
+
+def run_devices() -> int | None:
+    """The devices the run has, as the opt-in answers for them: under poprun, its replicas
+    times ``--ipus-per-replica``; ``None`` for a process poprun did not launch, which is its
+    own run and can give its replicas and stages any number of devices."""
+    from popdist.env import read_run
+
+    run = read_run()
+    return run.num_total_replicas * run.num_ipus_per_replica if run.from_poprun else None
+
+
+def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
+    """Whether ``num_ipus`` devices are there.
+
+    Under the opt-in (:func:`popdist.env.read_poptorch_modules`) the program runs as if on a Mk2
+    machine that has the run's devices (:func:`run_devices`): ``True`` for 1 up to their
+    count. Otherwise ``False``: there are no IPUs, and scripts that branch on it take their
+    "no hardware" path, which here runs the same model on the same executor
+    (``Options.useIpuModel`` is a no-op).
     """
-    return False
+    if not _as_if_on_ipus() or isinstance(num_ipus, bool) or not isinstance(num_ipus, int):
+        return False
+    devices = run_devices()
+    return num_ipus >= 1 and (devices is None or num_ipus <= devices)
+
+
+def ipuHardwareVersion() -> int:
+    """``2`` (a Mk2) under the opt-in, where optimum-graphcore and Graphcore's applications
+    check for it; otherwise refused, as there is no IPU hardware."""
+    if _as_if_on_ipus():
+        return IPU_VERSION
+    raise UnsupportedOptionError(
+        "poptorch.ipuHardwareVersion is not supported: there is no IPU hardware here "
+        "(popdist_torch runs on CPU or GPU); check poptorch.ipuHardwareIsAvailable() first"
+    )
 
 
 def isRunningOnIpu() -> bool:
@@ -141,7 +182,6 @@ def _refused(name: str) -> Callable[..., Any]:
 
 load = _refused("load")
 importPoptorchMetadataFromFile = _refused("importPoptorchMetadataFromFile")
-ipuHardwareVersion = _refused("ipuHardwareVersion")
 ctc_beam_search_decoder = _refused("ctc_beam_search_decoder")
 custom_op = _refused("custom_op")
 fps = _refused("fps")

@@ -332,6 +332,11 @@ OPTIONS: tuple[Option, ...] = (
         always=True,
     ),
     _yes_no(
+        "poptorch_modules",
+        "the program's `import poptorch` and `import popart` answer with popdist_torch: a "
+        "PopTorch program runs unchanged (exported as POPDIST_POPTORCH_MODULES=1)",
+    ),
+    _yes_no(
         "deterministic_reduction",
         "sum gradients over replicas in global replica order: the same weights, bit for bit, "
         "whatever the split over instances (slower; exported)",

@@ -66,6 +66,8 @@ class RunConfig(NamedTuple):
     backend: str = BACKENDS[0]
     #: ``--deterministic-reduction``: exported as ``POPDIST_DETERMINISTIC_REDUCTION=1``.
     deterministic_reduction: bool = False
+    #: ``--poptorch-modules``: exported as ``POPDIST_POPTORCH_MODULES=1`` (docs/poptorch-names.md).
+    poptorch_modules: bool = False
     executable_cache_path: str | None = None
     host_subnet: str | None = None
     timeout: float | None = None

@@ -121,6 +121,8 @@ def shared_values(config: RunConfig) -> dict[str, str]:
         values[contract.EXECUTABLE_CACHE_PATH] = config.executable_cache_path
     if config.deterministic_reduction:
         values[contract.DETERMINISTIC_REDUCTION] = "1"
+    if config.poptorch_modules:
+        values[contract.POPTORCH_MODULES] = "1"
     if config.min_hosts is not None:  # the supervisor sets it at each launch
         values[contract.GENERATION] = "0"
     if config.min_hosts is not None and any(not is_local(h) for h in config.hosts):

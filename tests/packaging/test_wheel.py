@@ -10,6 +10,7 @@ added: the default backend, ``auto``, takes torch.distributed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,7 +28,8 @@ from tests.support.processes import run_in_session
 
 pytestmark = [pytest.mark.packaging, pytest.mark.slow]
 
-PACKAGES = ("poprun", "popdist", "popdist_torch", "popdist_lightning")
+PACKAGES = ("poprun", "popdist", "popdist_torch", "popdist_lightning", "_popdist_poptorch")
+PTH = "popdist-poptorch-modules.pth"  # the opt-in PopTorch names' hook (issue 54)
 TORCH = "torch==2.13.0"  # the CPU build on this machine's disk: pip never pulls a CUDA torch
 
 
@@ -102,6 +104,13 @@ def test_build_makes_an_sdist_and_a_typed_wheel_without_tests(dist: Path) -> Non
     assert "poprun/cli.py" in names and "popdist/collectives/auto.py" in names
     assert "poprun/run/status/page.html" in names  # --status-port's page
     assert "poprun/plan/allreduce.rules" in names  # Open MPI's allreduce rules on one host
+    assert PTH in names  # at the root: pip puts it in site-packages
+    (record,) = [n for n in names if n.endswith(".dist-info/RECORD")]
+    with zipfile.ZipFile(wheel) as archive:
+        assert f"{PTH},sha256=" in archive.read(record).decode()
+    tops = {n.split("/")[0] for n in names}
+    assert not tops & {"poptorch", "popart"}  # never a distribution or package of those names
+    assert not [n for n in names if n.split("/")[0].startswith(("poptorch-", "popart-"))]
     with tarfile.open(sdist) as archive:
         members = archive.getnames()
     assert any(m.endswith("/pyproject.toml") for m in members)
@@ -155,3 +164,76 @@ def test_the_digits_demo_runs_outside_the_checkout_on_the_auto_backend(
     assert match, out[-3000:]
     assert float(match.group(1)) >= 0.9  # the demo's accuracy
     assert "weights identical on every instance" in out
+
+
+LIBRARY = """
+import importlib.metadata, importlib.util, json, sys
+out = {"find_spec": importlib.util.find_spec("poptorch") is not None, "torch": "torch" in sys.modules}
+out["metadata"] = importlib.metadata.version("poptorch")
+import poptorch, poptorch.optim, popart, popdist_torch
+from poptorch._impl import rewrapModelIfNecessary, unwrapModelIfNecessary
+out["same"] = poptorch is popdist_torch and poptorch.optim is popdist_torch.optim
+out["popart"] = popart is popdist_torch.popart
+out["where"] = popdist_torch.__file__
+out["ipu"] = poptorch.ipuHardwareVersion()
+print(json.dumps(out))
+"""
+
+OFF = """
+import importlib.util, json, sys
+try:
+    import poptorch
+    found = "imported"
+except ModuleNotFoundError as error:
+    found = str(error)
+print(json.dumps([found, importlib.util.find_spec("popart") is None, "_popdist_poptorch" in sys.modules]))
+"""
+
+
+def test_the_poptorch_names_are_off_without_the_variable(venv: Path) -> None:
+    out = _run([str(venv / "bin" / "python"), "-c", OFF], venv=venv)
+    assert json.loads(out) == ["No module named 'poptorch'", True, False]
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert (site / PTH).is_file()
+
+
+def test_the_poptorch_names_answer_from_the_wheel(venv: Path) -> None:
+    env = {"POPDIST_POPTORCH_MODULES": "1"}
+    done = run_in_session(
+        [str(venv / "bin" / "python"), "-c", LIBRARY],
+        env={**_user_env(venv), **env},
+        cwd=venv.parent,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["where"].startswith(str(venv)), out  # the installed copy, not the checkout's
+    assert out == {
+        **out,
+        "find_spec": True,
+        "torch": False,
+        "same": True,
+        "popart": True,
+        "ipu": 2,
+    }
+    assert out["metadata"].startswith("3.3.0+popdist.")
+
+
+def test_a_poptorch_program_runs_unchanged_under_poprun_from_the_wheel(
+    venv: Path, tmp_path: Path
+) -> None:
+    source = (ROOT / "examples" / "train_digits.py").read_text()
+    assert "\nimport popdist_torch as poptorch\n" in source
+    program = source.replace("\nimport popdist_torch as poptorch\n", "\nimport poptorch\n")
+    (tmp_path / "train_digits.py").write_text(program)
+    argv = [
+        str(venv / "bin" / "poprun"),
+        "--poptorch-modules",
+        *("--num-instances", "2", "--num-replicas", "2"),
+        "python",
+        "train_digits.py",
+        *("--epochs", "2"),
+    ]
+    done = _job(argv, venv=venv, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "weights identical on every instance" in done.stdout

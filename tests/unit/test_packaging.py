@@ -12,7 +12,9 @@ from tests.support.jobs import ROOT
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("package", ["poprun", "popdist", "popdist_torch", "popdist_lightning"])
+@pytest.mark.parametrize(
+    "package", ["poprun", "popdist", "popdist_torch", "popdist_lightning", "_popdist_poptorch"]
+)
 def test_packages_are_typed(package: str) -> None:
     assert (ROOT / package / "py.typed").is_file()
 

@@ -310,6 +310,7 @@ def test_every_row_resolves() -> None:
         **{owner: _target(opts, f"{owner.partition('.')[2]}.x")[0] for owner in OPTION_OWNERS},
         "torch.ops.poptorch": torch.ops.poptorch,
         "popart": popart,
+        "poptorch._impl": getattr(poptorch, "_impl"),  # noqa: B009  (PopTorch's private module)
         "poptorch.optim": poptorch.optim,
         "poptorch.optim.Optimizer": poptorch.optim.SGD(nn.Linear(2, 2).parameters()),
     }
