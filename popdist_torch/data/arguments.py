@@ -19,12 +19,14 @@ from popdist_torch.data.checks import (
     check_batch_size,
     check_map_style,
     check_order,
+    check_sampler,
 )
-from popdist_torch.data.epoch_order import Seeds, draw_seed, shard_indices
+from popdist_torch.data.epoch_order import Seeds, draw_seed, sampled_indices, shard_indices
 from popdist_torch.data.plan import (
     BATCH_SAMPLER,
     BY_INDEX,
     ORDER_TOPOLOGY_INVARIANT,
+    SAMPLED,
     STREAM,
     UNBATCHED,
     USER_SAMPLER,
@@ -145,14 +147,28 @@ def _batched(
             )
         return dataclasses.replace(plan, source=STREAM), seeds
     if args.sampler is not None:
-        if plan.num_processes > 1 and plan.auto:
+        if plan.shuffle:
             raise DataLoaderError(
-                "DataLoader(sampler=...) cannot be combined with automatic partitioning "
-                f"over {plan.num_processes} processes: pass a batch_sampler (sharded "
-                "here), or auto_distributed_partitioning=False and shard it yourself"
+                "DataLoader sampler is mutually exclusive with shuffle=True: the sampler "
+                "decides the order (torch.utils.data.RandomSampler shuffles)"
             )
+        if plan.processes > 1 or plan.order == ORDER_TOPOLOGY_INVARIANT:
+            return _sampled(plan, args.sampler, seeds)
         return dataclasses.replace(plan, source=USER_SAMPLER), seeds
     return _by_index(plan, dataset, seeds)
+
+
+def _sampled(plan: LoaderPlan, sampler: Any, seeds: Seeds) -> tuple[LoaderPlan, Seeds]:
+    """The user's sampler, sharded: each epoch, this instance's part of its sequence
+    (:func:`~popdist_torch.data.epoch_order.sampled_indices`)."""
+    seeded = getattr(sampler, "generator", False) is None  # RandomSampler(ds): torch's RNG
+    plan = dataclasses.replace(plan, source=SAMPLED, seeds_sampler=seeded)
+    num_samples = check_sampler(plan, sampler, seeds.shuffle)
+    if seeded:
+        seeds = seeds.with_shuffle_seed()
+    plan = dataclasses.replace(plan, num_samples=num_samples)
+    length = len(sampled_indices(plan, range(num_samples)))
+    return dataclasses.replace(plan, epoch_length=length), seeds
 
 
 def _by_index(plan: LoaderPlan, dataset: Any, seeds: Seeds) -> tuple[LoaderPlan, Seeds]:

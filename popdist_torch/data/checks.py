@@ -18,6 +18,7 @@ __all__ = [
     "check_batch_size",
     "check_map_style",
     "check_order",
+    "check_sampler",
     "warn_uneven",
 ]
 
@@ -165,3 +166,41 @@ def warn_uneven(num_samples: int, combined: int, processes: int, process_id: int
             "(collectives across instances would hang): use drop_last=True"
         )
     warnings.warn(message, stacklevel=7)  # the caller of DataLoader(...)
+
+
+def check_sampler(plan: LoaderPlan, sampler: Any, seed: int | None) -> int:
+    """Check a ``sampler`` the loader shards (source ``SAMPLED``); returns ``len(sampler)``."""
+    name = type(sampler).__name__
+    if not isinstance(sampler, Sized):
+        raise DataLoaderError(
+            f"DataLoader(sampler={name}) is sharded over {plan.processes} process(es) one "
+            "epoch at a time and needs len(sampler): give the sampler a __len__, or pass "
+            "auto_distributed_partitioning=False and shard it yourself"
+        )
+    if plan.seeds_sampler and plan.processes > 1 and seed is None:
+        raise DataLoaderError(
+            f"DataLoader(sampler={name}) draws its order from a generator it was not given: "
+            f"with {plan.processes} processes every process must draw the same one: call "
+            "options.randomSeed(<int>) before building the DataLoader (the loader then seeds "
+            "the sampler's generator each epoch), or give the sampler a generator seeded "
+            "the same on every process"
+        )
+    num_samples, width = len(sampler), sum(plan.combined_sizes())
+    if num_samples == 0:
+        raise DataLoaderError(f"DataLoader(sampler={name}) yields no index (len(sampler) == 0)")
+    if plan.drop_last and num_samples < width:
+        raise DataLoaderError(
+            f"DataLoader(sampler={name}): its epoch of {num_samples} indices is smaller than "
+            f"one combined batch per process ({width} over {plan.processes} process(es)), so "
+            "every epoch would be empty: use a smaller batch_size or fewer device "
+            "iterations/replicas/accumulation steps, or drop_last=False"
+        )
+    if not plan.drop_last and plan.processes > 1 and num_samples % width:
+        warnings.warn(
+            f"DataLoader(sampler={name}): {num_samples} indices are not a whole number of "
+            f"rounds of combined batches ({width} over {plan.processes} processes): the last "
+            "round gives some processes a short batch or none (collectives across instances "
+            "could hang): use drop_last=True",
+            stacklevel=7,
+        )
+    return num_samples

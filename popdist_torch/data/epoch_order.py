@@ -11,6 +11,7 @@ torch; nothing writes into it afterwards.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ import torch
 from popdist import sharding
 from popdist_torch.data.plan import ORDER_TOPOLOGY_INVARIANT, LoaderPlan
 
-__all__ = ["EpochOrder", "Seeds", "draw_seed", "shard_indices"]
+__all__ = ["EpochOrder", "Seeds", "draw_seed", "sampled_indices", "sampler_seed", "shard_indices"]
 
 
 def draw_seed() -> int:
@@ -83,6 +84,45 @@ def shard_indices(plan: LoaderPlan, epoch: int, seed: int | None) -> list[int]:
     return list(range(n))
 
 
+def sampled_indices(plan: LoaderPlan, sequence: Sequence[int]) -> list[int]:
+    """This instance's part of ``sequence``, one epoch of the user's sampler, in load order.
+
+    The rule a ``batch_sampler``'s micro-batches follow: every process draws the same
+    sequence; consecutive runs of the processes' combined batches form rounds, and process
+    ``p`` takes the ``p``-th run of each round (``[p0 p1 p2 p0 p1 p2 ...]``, each run one
+    combined batch of that process). With ``drop_last`` only whole rounds are used, so every
+    process loads as many batches; without, the last round is cut short. The topology-invariant
+    order takes instead the positions of :func:`popdist.sharding.topology_invariant_indices`.
+    """
+    n = len(sequence)
+    if plan.order == ORDER_TOPOLOGY_INVARIANT:
+        di, r, ga = plan.topology
+        assert plan.batch_size is not None
+        positions = sharding.topology_invariant_indices(
+            n,
+            micro_batch_size=plan.batch_size,
+            device_iterations=di,
+            gradient_accumulation=ga,
+            local_replicas=r,
+            num_processes=plan.processes,
+            process_id=plan.shard_id,
+            drop_last=plan.drop_last,
+            rotate_leftovers=False,
+            replica_counts=plan.replica_counts if plan.auto else None,
+        )
+        return [int(sequence[i]) for i in positions]
+    sizes = plan.combined_sizes()
+    width, offset, size = sum(sizes), sum(sizes[: plan.shard_id]), sizes[plan.shard_id]
+    rounds = n // width if plan.drop_last else -(-n // width)
+    starts = (r * width + offset for r in range(rounds))
+    return [int(i) for start in starts for i in sequence[start : start + size]]
+
+
+def sampler_seed(seed: int, epoch: int) -> int:
+    """The seed of the generator a sampler draws epoch ``epoch``'s order from (``seeds_sampler``)."""
+    return (seed * 1_000_003 + epoch * 7_919 + 1) % 2**63
+
+
 @dataclass(frozen=True)
 class EpochOrder:
     """What one epoch loads, decided when it starts.
@@ -99,10 +139,15 @@ class EpochOrder:
     worker_seed: int | None
 
     @classmethod
-    def of(cls, plan: LoaderPlan, epoch: int, seeds: Seeds) -> EpochOrder:
-        """The order of ``epoch`` under ``plan`` (``seeds.shuffle`` drawn already if needed)."""
+    def of(
+        cls, plan: LoaderPlan, epoch: int, seeds: Seeds, sequence: Sequence[int] | None = None
+    ) -> EpochOrder:
+        """The order of ``epoch`` under ``plan`` (``seeds.shuffle`` drawn already if needed);
+        ``sequence``: the epoch of the user's sampler (source ``SAMPLED``)."""
         indices = None
-        if plan.by_index:
+        if sequence is not None:
+            indices = tuple(sampled_indices(plan, sequence))
+        elif plan.by_index:
             indices = tuple(shard_indices(plan, epoch, seeds.shuffle))
         worker_seed = None
         if plan.private_generator:

@@ -15,8 +15,10 @@ loader itself owns only the iteration: the epoch and batch it stands at, its see
 prefetch thread.
 
 Beyond PopTorch: a ``batch_sampler`` yields micro-batches that are combined and sharded
-here; an ``IterableDataset`` is sharded by instance and worker; a dataset too small for
-one combined batch is an error rather than an empty loader.
+here, and so is any ``sampler`` (``RandomSampler``, ``SequentialSampler``, a user's own)
+with automatic partitioning over several processes, by the same rule; an ``IterableDataset``
+is sharded by instance and worker; a dataset too small for one combined batch is an error
+rather than an empty loader.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from popdist_torch.data.plan import (
     BATCH_SAMPLER,
     BY_INDEX,
     ORDER_POPTORCH,
+    SAMPLED,
     STREAM,
     UNBATCHED,
     LoaderOptions,
@@ -44,7 +47,7 @@ from popdist_torch.data.plan import (
 )
 from popdist_torch.data.position import resume_batch, topology_record
 from popdist_torch.data.prefetch import Prefetcher, rebatch
-from popdist_torch.data.samplers import CombiningBatchSampler, EpochSampler
+from popdist_torch.data.samplers import CombiningBatchSampler, EpochSampler, sampler_epoch
 from popdist_torch.data.streams import ShardedIterable
 from popdist_torch.enums import DataLoaderMode
 from popdist_torch.errors import DataLoaderError
@@ -105,6 +108,7 @@ class DataLoader(tud.DataLoader[Any]):
         )
         self._options = options
         self._user_dataset = dataset
+        self._user_sampler = kwargs.get("sampler")  # sharded per epoch where source is SAMPLED
         self._synthetic_batch: Any = None  # with enableSyntheticData: the batch yielded
         self._plan, self._seeds = make_plan(options, dataset, args)
         if persistent_workers is None:
@@ -205,9 +209,15 @@ class DataLoader(tud.DataLoader[Any]):
 
     def _start(self, epoch: int) -> EpochOrder:
         """The order of ``epoch`` (drawing the shuffle seed the first time one is needed)."""
-        if self._plan.by_index and self._plan.shuffle:
+        plan = self._plan
+        if plan.by_index and (plan.shuffle or plan.seeds_sampler):
             self._seeds = self._seeds.with_shuffle_seed()
-        return EpochOrder.of(self._plan, epoch, self._seeds)
+        sequence = None
+        if plan.source == SAMPLED:
+            seed = self._seeds.shuffle if plan.seeds_sampler else None
+            assert self._user_sampler is not None
+            sequence = sampler_epoch(self._user_sampler, seed, epoch)
+        return EpochOrder.of(plan, epoch, self._seeds, sequence)
 
     def _feed(self, order: EpochOrder, skip: int) -> int:
         """Hand torch ``order`` from batch ``skip`` on; returns the batches left to drop."""
@@ -301,7 +311,7 @@ def _feeds(
         shuffle = plan.shuffle
         if plan.source == STREAM:
             dataset = ShardedIterable(dataset, plan.process_id, plan.num_processes, plan.auto)
-        elif plan.source == BY_INDEX:
+        elif plan.source in (BY_INDEX, SAMPLED):
             assert plan.epoch_length is not None
             sampler, shuffle = EpochSampler(plan.epoch_length), False
             torch_kwargs["sampler"] = sampler

@@ -20,6 +20,7 @@ __all__ = [
     "ORDERS",
     "ORDER_POPTORCH",
     "ORDER_TOPOLOGY_INVARIANT",
+    "SAMPLED",
     "SOURCES",
     "LoaderOptions",
     "LoaderPlan",
@@ -34,14 +35,17 @@ ORDERS = (ORDER_POPTORCH, ORDER_TOPOLOGY_INVARIANT)
 DEFAULT_BUFFER_SIZE = 3
 
 #: Where samples come from: this instance's indices of each epoch (a map-style dataset),
-#: the user's micro-batches combined and dealt (``batch_sampler``), a sharded
-#: ``IterableDataset``, the user's own ``sampler``, or the dataset's items unbatched.
+#: this instance's part of each epoch of the user's ``sampler`` (automatic partitioning over
+#: several processes, or the topology-invariant order), the user's micro-batches combined
+#: and dealt (``batch_sampler``), a sharded ``IterableDataset``, the user's own ``sampler``
+#: as it is (one process), or the dataset's items unbatched.
 BY_INDEX: Final = "by_index"
+SAMPLED: Final = "sampled"
 BATCH_SAMPLER: Final = "batch_sampler"
 STREAM: Final = "stream"
 USER_SAMPLER: Final = "user_sampler"
 UNBATCHED: Final = "unbatched"
-SOURCES = (BY_INDEX, BATCH_SAMPLER, STREAM, USER_SAMPLER, UNBATCHED)
+SOURCES = (BY_INDEX, SAMPLED, BATCH_SAMPLER, STREAM, USER_SAMPLER, UNBATCHED)
 
 
 class LoaderOptions(Protocol):
@@ -90,6 +94,9 @@ class LoaderPlan:
     epoch_length: int | None = None
     #: Every process's local replicas when the split is not uniform (``None``: uniform).
     replica_counts: tuple[int, ...] | None = None
+    #: ``SAMPLED``: the user's sampler draws its order from a ``generator`` it was not given,
+    #: which the loader gives it each epoch, seeded from the shuffle seed and the epoch.
+    seeds_sampler: bool = False
 
     @property
     def micro_batches(self) -> int:
@@ -110,4 +117,12 @@ class LoaderPlan:
     @property
     def by_index(self) -> bool:
         """Whether each epoch's samples are this instance's indices, chosen here."""
-        return self.source == BY_INDEX
+        return self.source in (BY_INDEX, SAMPLED)
+
+    def combined_sizes(self) -> tuple[int, ...]:
+        """Every process's combined batch, in process order (they differ on a non-uniform split)."""
+        assert self.combined is not None and self.batch_size is not None
+        if self.replica_counts is None or not self.auto:
+            return (self.combined,) * self.processes
+        di, _, ga = self.topology
+        return tuple(self.batch_size * di * ga * count for count in self.replica_counts)

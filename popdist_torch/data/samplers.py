@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence, Sized
 
+import torch
 from torch.utils import data as tud
 
+from popdist_torch.data.epoch_order import sampler_seed
 from popdist_torch.errors import DataLoaderError
 
-__all__ = ["CombiningBatchSampler", "EpochSampler", "join_micro_batches"]
+__all__ = ["CombiningBatchSampler", "EpochSampler", "join_micro_batches", "sampler_epoch"]
 
 
 class EpochSampler(tud.Sampler[int]):
@@ -103,3 +105,22 @@ def join_micro_batches(group: list[list[int]]) -> list[int]:
             "since the combined batch is split evenly between replicas and steps"
         )
     return [i for micro in group for i in micro]
+
+
+def sampler_epoch(sampler: Iterable[int], seed: int | None, epoch: int) -> list[int]:
+    """One epoch of ``sampler``'s indices, as every process draws it.
+
+    ``seed`` (a sampler whose ``generator`` is ``None``, such as ``RandomSampler(ds)``): the
+    epoch is drawn from a generator seeded from ``seed`` and ``epoch``, given to the sampler
+    for the draw only (torch would draw from each process's own global generator). Otherwise
+    the sampler's own order, from its own generator where it has one.
+    """
+    if seed is None:
+        return [int(i) for i in sampler]
+    generator = torch.Generator()
+    generator.manual_seed(sampler_seed(seed, epoch))
+    sampler.generator = generator  # type: ignore[attr-defined]
+    try:
+        return [int(i) for i in sampler]
+    finally:
+        sampler.generator = None  # type: ignore[attr-defined]

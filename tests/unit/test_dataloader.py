@@ -227,11 +227,6 @@ def test_drop_last_false_warns_about_the_last_batch() -> None:
         DataLoader(make_options(0, 2), Indices(5), batch_size=2, drop_last=False)
 
 
-def test_user_sampler_with_processes_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"sampler=\.\.\.\) cannot be combined"):
-        DataLoader(make_options(0, 2), Indices(8), batch_size=2, sampler=range(8))
-
-
 def test_manual_partitioning_reads_everything() -> None:
     loader = DataLoader(
         make_options(1, 2), Indices(8), batch_size=2, auto_distributed_partitioning=False
