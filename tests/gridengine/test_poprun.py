@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.gridengine, pytest.mark.slow]
 
 BIN = ROOT / "tests" / "bin"
 PY = sys.executable
+VIEW = str(BIN / "engine_view.py")
 
 
 def poprun_script(*args: str) -> str:
@@ -160,3 +161,37 @@ def test_a_host_outside_the_allocation_is_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("poprun: error:"), output
     assert "h3" in lines[0], lines
     assert not ran.exists()
+
+
+#: What Grid Engine sets on the job's master host that describes that host alone (another
+#: host's instance must not see the master's value), and what describes the job (it must).
+NODE_ONLY = ["HOSTNAME", "PE_HOSTFILE", "TMPDIR", "TMP"]
+JOB_WIDE = ["JOB_ID", "NSLOTS", "PE", "MY_SETTING"]
+
+
+def test_what_grid_engine_sets_and_what_reaches_the_other_hosts_instances(
+    sge: GridEngineCluster, tmp_path: Path
+) -> None:
+    out = tmp_path / "views"
+    out.mkdir()
+    names = [*NODE_ONLY, *JOB_WIDE]
+    poprun = poprun_argv("--num-instances", "4", "--num-replicas", "4", PY, VIEW, str(out), *names)
+    master = tmp_path / "master"
+    script = f"#!/bin/sh\nhostname > {master}.host\nenv > {master}.env\nexec {shlex.join(poprun)}\n"
+    _, output, end = sge.qsub(script, ["-pe", "mpi", "4"], env=job_env(MY_SETTING="job-wide"))
+    assert end.exit_status == 0, output
+    host = (tmp_path / "master.host").read_text().strip()
+    env = dict(
+        line.split("=", 1)
+        for line in (tmp_path / "master.env").read_text().splitlines()
+        if "=" in line
+    )
+    assert {"HOSTNAME", "PE_HOSTFILE", "TMP"} <= set(env), sorted(env)  # what the test reads
+    others = [v for v in views(out) if v["host"] != host]
+    assert len(others) == 2, output
+    for v in others:
+        got = v["env"]
+        assert isinstance(got, dict)
+        leaked = {n: got[n] for n in NODE_ONLY if n in env and got[n] == env[n]}
+        assert leaked == {}, f"the master host's own values reached {v['host']}: {leaked}"
+        assert {n: got[n] for n in JOB_WIDE} == {n: env[n] for n in JOB_WIDE}, v

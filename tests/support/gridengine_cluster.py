@@ -16,7 +16,7 @@ execd removes its job's directory at the end), and one parallel environment, ``m
 ``control_slaves TRUE`` (Open MPI's daemons start through ``qrsh -inherit``, under the
 execd and its shepherd), ``job_is_first_task FALSE``, ``allocation_rule $round_robin``.
 The scheduler runs every second and at each submit; accounting is written at once
-(``qacct`` reports a job's exit status as soon as it ends).
+(a job's accounting record, with its exit status, is there as soon as it ends).
 
 The daemons start in the foreground (``SGE_ND``) with :meth:`Hosts.spawn_daemon`: each in a
 session of its own, ended with this process if it dies, and ended by pid at :meth:`stop`,
@@ -90,11 +90,23 @@ def unavailable() -> str | None:
     return hosts_unavailable()
 
 
+#: The first fields of an accounting record (accounting(5)); the rest are named too.
+ACCOUNTING = (
+    "qname", "hostname", "group", "owner", "job_name", "job_number", "account", "priority",
+    "submission_time", "start_time", "end_time", "failed", "exit_status", "ru_wallclock",
+    "ru_utime", "ru_stime", "ru_maxrss", "ru_ixrss", "ru_ismrss", "ru_idrss", "ru_isrss",
+    "ru_minflt", "ru_majflt", "ru_nswap", "ru_inblock", "ru_oublock", "ru_msgsnd",
+    "ru_msgrcv", "ru_nsignals", "ru_nvcsw", "ru_nivcsw", "project", "department",
+    "granted_pe", "slots", "task_number", "cpu", "mem", "io", "category", "iow", "pe_taskid",
+    "maxvmem", "arid", "ar_submission_time",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class JobEnd:
-    """How a batch job ended, as ``qacct`` reports it: the job script's exit status (128+N
-    for signal N), ``failed`` (0, or Grid Engine's reason the job did not run to its end:
-    ``100 : assumedly after job`` after ``qdel``), and every ``qacct`` field."""
+    """How a batch job ended, as its accounting record says: the job script's exit status
+    (128+N for signal N), ``failed`` (0, or Grid Engine's code for why the job did not run to
+    its end: 100 after ``qdel``), and every field of the record by name."""
 
     job_id: int
     exit_status: int
@@ -339,17 +351,17 @@ class GridEngineCluster:
         return int(first[0]), output
 
     def job_end(self, job_id: int) -> JobEnd | None:
-        """The job's end from the accounting file, None while it has not ended."""
-        done = self.client("qacct", "-j", str(job_id))
-        if done.returncode != 0:
-            return None
-        fields: dict[str, str] = {}
-        for line in done.stdout.splitlines():
-            key, _, value = line.partition(" ")
-            if key and not key.startswith("="):
-                fields.setdefault(key, value.strip())
-        return JobEnd(job_id, int(fields.get("exit_status", "0").split()[0]),
-                      fields.get("failed", "0"), fields)  # fmt: skip
+        """The job's end from the accounting file, None while it has not ended.
+
+        The record of the job itself (``pe_taskid`` NONE): each ``qrsh -inherit`` task of a
+        parallel job writes one of its own when it ends, which ``qacct -j`` would also show."""
+        with contextlib.suppress(OSError):
+            for line in (self.root / CELL / "common" / "accounting").read_text().splitlines():
+                fields = line.split(":")
+                if len(fields) > 41 and fields[5] == str(job_id) and fields[41] == "NONE":
+                    named = dict(zip(ACCOUNTING, fields, strict=False))
+                    return JobEnd(job_id, int(fields[12]), fields[11], named)
+        return None
 
     def wait_job(self, job_id: int, *, timeout: float = 120, poll: float = 0.1) -> JobEnd:
         """Wait until the job has ended (its accounting record is written)."""
