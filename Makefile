@@ -42,8 +42,8 @@ test-gridengine: setup
 	$(PY) -m pytest tests/gridengine -q -rs
 
 lint: setup
-	$(VENV)/bin/ruff check poprun popdist popdist_torch popdist_lightning tests examples benchmarks
-	$(VENV)/bin/ruff format --check poprun popdist popdist_torch popdist_lightning
+	$(VENV)/bin/ruff check poprun popdist popdist_torch popdist_lightning _popdist_poptorch tests examples benchmarks
+	$(VENV)/bin/ruff format --check poprun popdist popdist_torch popdist_lightning _popdist_poptorch
 	$(VENV)/bin/mypy
 
 bench: setup

@@ -23,7 +23,7 @@ MPIRUN_BASE = ["mpirun", "--oversubscribe", "--bind-to", "none"] + (
 )
 
 
-PACKAGES = ("poprun", "popdist", "popdist_torch", "popdist_lightning")
+PACKAGES = ("poprun", "popdist", "popdist_torch", "popdist_lightning", "_popdist_poptorch")
 
 
 def compile_sources(root: Path = ROOT) -> None:

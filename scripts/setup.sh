@@ -178,7 +178,7 @@ ensure_venv() {
     # The project's bytecode, as a non-editable pip install writes it: where
     # PYTHONDONTWRITEBYTECODE is set no run writes it, and every poprun would compile itself
     # (about 60 ms a launch). Files already up to date are left alone.
-    "$VENV/bin/python" -m compileall -q poprun popdist popdist_torch popdist_lightning >/dev/null
+    "$VENV/bin/python" -m compileall -q poprun popdist popdist_torch popdist_lightning _popdist_poptorch >/dev/null
 }
 
 # --- 3. Horovod --------------------------------------------------------------------

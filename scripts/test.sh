@@ -23,6 +23,6 @@ if [ "$rc" = 5 ]; then
 fi
 [ "$rc" = 0 ] || exit "$rc"
 start=$SECONDS
-.venv/bin/ruff check poprun popdist popdist_torch popdist_lightning tests examples benchmarks || exit 1
+.venv/bin/ruff check poprun popdist popdist_torch popdist_lightning _popdist_poptorch tests examples benchmarks || exit 1
 .venv/bin/mypy || exit 1
 echo "linters (ruff, mypy): $((SECONDS - start)) s"
