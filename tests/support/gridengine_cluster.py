@@ -29,7 +29,7 @@ there with :meth:`GridEngineCluster.client`.
 tier (``check --start`` also starts and stops a cell); ``up`` keeps one running until
 Ctrl-C. Needs root (namespaces; the execd starts jobs as their user) and Debian's
 ``gridengine-master``, ``gridengine-exec`` and ``gridengine-client`` (``scripts/setup.sh``
-installs them). Facts behind the recipe: ``docs/clusters-testing.md``.
+installs them). Facts behind the recipe: ``docs/clusters.md`` ("The test tiers in detail").
 """
 
 from __future__ import annotations
