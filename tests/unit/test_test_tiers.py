@@ -67,3 +67,22 @@ def test_make_test_loads_the_tier_times_plugin_and_keeps_no_tests_a_failure() ->
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert "-p tests.support.tier_times" in script
     assert '[ "$rc" = 5 ]' in script and "collected no tests" in script
+
+
+def _tiers_in_conftest() -> set[str]:
+    """``TIERS`` of ``tests/conftest.py``, read from its source (a tier imports no conftest)."""
+    tree = ast.parse((TESTS / "conftest.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "TIERS" for t in node.targets
+        ):
+            return {str(tier) for tier in ast.literal_eval(node.value)}
+    raise AssertionError("tests/conftest.py defines no TIERS")
+
+
+def test_every_tier_folder_is_marked_and_has_its_make_target() -> None:
+    """A folder of tests is a tier: its marker (``TIERS``) and ``make test-<tier>``."""
+    folders = {p.parent.name for p in TESTS.glob("*/test_*.py")}
+    assert folders - _tiers_in_conftest() == set()
+    makefile = (ROOT / "Makefile").read_text()
+    assert [t for t in sorted(folders) if f"\ntest-{t}:" not in makefile] == []
