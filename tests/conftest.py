@@ -57,6 +57,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 #: Tests that share one costly fixture run on one pytest-xdist worker, one after another
 #: (``make test`` runs two workers), so it is made once and never used by two tests at once.
 XDIST_GROUPS = {
+    # first: the simulated clusters' pods, and h1-h3 of their own, beside the rest of the tier
+    "tests/multihost/test_clusters.py": "clusters",
     "tests/multihost/": "multihost",  # one set of namespace hosts; one elastic reference run
     "tests/slurm/": "slurm",  # one Slurm cluster
     "tests/gridengine/": "gridengine",  # one Grid Engine cell on its own namespace hosts
