@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from popdist.env import split_replicas
+from poprun import summary
 from poprun.config.run_config import RunConfig
 from poprun.plan.engines.allocation import JobAllocation
 
@@ -139,19 +140,26 @@ def _ranges(values: range | tuple[int, ...]) -> str:
 
 
 def render(topology: Topology) -> str:
-    """A table of hosts, instances, replicas and devices for ``--print-topology``."""
-    header = ("host", "instance", "local", "replicas", "devices", "numa")
-    rows = [
-        (
-            plan.host,
-            str(plan.index),
-            str(plan.local_index),
-            _ranges(plan.replicas),
-            _ranges(plan.devices),
-            ",".join(map(str, plan.numa_nodes)) or "-",
+    """A table of hosts, instances, replicas and devices for ``--print-topology``: a row per
+    instance, or past :data:`poprun.summary.THRESHOLD` instances a row per run of alike hosts."""
+    header: tuple[str, ...] = ("host", "instance", "local", "replicas", "devices", "numa")
+    if summary.summarised(len(topology.instances)):
+        header, rows = (
+            ("hosts", "instances", "a host", "replicas", "devices", "numa"),
+            [*_host_rows(topology)],
         )
-        for plan in topology.instances
-    ]
+    else:
+        rows = [
+            (
+                plan.host,
+                str(plan.index),
+                str(plan.local_index),
+                _ranges(plan.replicas),
+                _ranges(plan.devices),
+                ",".join(map(str, plan.numa_nodes)) or "-",
+            )
+            for plan in topology.instances
+        ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
 
@@ -168,3 +176,47 @@ def render(topology: Topology) -> str:
     if topology.allocation is not None:
         lines.insert(1, topology.allocation.render())
     return "\n".join(lines)
+
+
+def _host_rows(topology: Topology) -> list[tuple[str, ...]]:
+    """One row per run of consecutive hosts alike (instances, local replicas, NUMA nodes of
+    each local instance); past :data:`poprun.summary.TOP` rows, the rest as one."""
+    runs: list[tuple[tuple[object, ...], list[InstancePlan]]] = []
+    host = None
+    for plan in topology.instances:
+        if plan.host != host:
+            host, group = plan.host, [plan]
+            shape: list[object] = [plan.num_local_instances]
+            runs.append(((), group))
+        else:
+            group.append(plan)
+        shape.append((plan.num_local_replicas, plan.numa_nodes))
+        if plan.local_index == plan.num_local_instances - 1:
+            key = tuple(shape)
+            if len(runs) > 1 and runs[-2][0] == key:
+                runs[-2][1].extend(runs.pop()[1])
+            else:
+                runs[-1] = (key, group)
+    rows = [_row(group) for _, group in runs[: summary.TOP]]
+    if len(runs) > summary.TOP:
+        rows.append(_row([p for _, group in runs[summary.TOP :] for p in group], more=True))
+    return rows
+
+
+def _row(group: list[InstancePlan], *, more: bool = False) -> tuple[str, ...]:
+    names = [p.host for p in group]
+    hosts = summary.hosts(names, most=3)
+    if more:
+        hosts = f"… {summary.count(len(dict.fromkeys(names)), 'more host')}: {hosts}"
+    per_host = sorted({p.num_local_instances for p in group})
+    replicas = sorted({p.num_local_replicas for p in group})
+    each = "-".join(map(str, (replicas[0], replicas[-1]) if len(replicas) > 1 else replicas))
+    numa = sorted({n for p in group for n in p.numa_nodes})
+    return (
+        hosts,
+        summary.ranges(p.index for p in group),
+        "-".join(map(str, (per_host[0], per_host[-1]) if len(per_host) > 1 else per_host)),
+        f"{_ranges(range(group[0].replicas.start, group[-1].replicas.stop))} ({each} each)",
+        _ranges(range(group[0].devices.start, group[-1].devices.stop)),
+        summary.ranges(numa) if numa else "-",
+    )

@@ -10,8 +10,10 @@ plain function of the record, so each is unit-tested without a process.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from poprun import summary
 from poprun.errors import EXIT_LAUNCH_FAILED, EXIT_TIME_LIMIT, EXIT_TIMEOUT
 from poprun.run.evidence import ErrorRecord, ExitRecord, Failure
 from poprun.run.membership.blame import End, first_failure
@@ -114,7 +116,7 @@ def _decide(result: RunResult) -> tuple[int, str]:
         # mpirun aborted without naming the process (it leaves the note out when an instance
         # fails before all have started), no instance there reported its status (its wrapper
         # was killed), and the instances here are not it.
-        where = ", ".join(f"{i} ({result.instances[i].host})" for i in result.remote)
+        where = _listed(result, result.remote, lambda i: f"{i} ({result.instances[i].host})")
         return result.returncode, (
             f"poprun: an instance on another host failed first with exit code "
             f"{result.returncode}; mpirun did not say which (instances on other hosts: {where})\n"
@@ -134,11 +136,31 @@ def _signalled(signals: tuple[int, ...]) -> tuple[int, str]:
     return code, f"poprun: received {name}; ended the job; exit code {code}"
 
 
-def _timed_out(result: RunResult) -> tuple[int, str]:
-    running = ", ".join(
-        f"{i} (host {result.instances[i].host}, pid {_pid(result.instances[i])})"
-        for i in result.still_running
+def _listed(result: RunResult, indices: Sequence[int], one: Callable[[int], str]) -> str:
+    """``indices`` each as ``one`` says, or past :data:`poprun.summary.THRESHOLD` their
+    count, index ranges and hosts, then the first :data:`poprun.summary.TOP` of them."""
+    if not summary.summarised(len(indices)):
+        return ", ".join(map(one, indices))
+    names = [result.instances[i].host for i in indices]
+    first = ", ".join(one(i) for i in indices[: summary.TOP])
+    return (
+        f"{summary.count(len(indices), 'instance')} ({summary.ranges(indices)}) on "
+        f"{summary.count(len(set(names)), 'host')} ({summary.hosts(names)}); the first "
+        f"{summary.TOP}: {first}"
     )
+
+
+def _running(result: RunResult) -> str:
+    """The instances still running, each with its host and pid (summed up past many)."""
+    return _listed(
+        result,
+        result.still_running,
+        lambda i: f"{i} (host {result.instances[i].host}, pid {_pid(result.instances[i])})",
+    )
+
+
+def _timed_out(result: RunResult) -> tuple[int, str]:
+    running = _running(result)
     return EXIT_TIMEOUT, (
         f"poprun: --timeout={result.timeout or 0:g} s expired; "
         f"instances still running: {running or 'none'}\n"
@@ -163,10 +185,7 @@ def _time_limit(result: RunResult) -> tuple[int, str]:
     if not (result.at_limit or result.timed_out):
         how = f"poprun: the instances saved and stopped {notice}"
     else:
-        running = ", ".join(
-            f"{i} (host {result.instances[i].host}, pid {_pid(result.instances[i])})"
-            for i in result.still_running
-        )
+        running = _running(result)
         end = (
             "the Slurm job's end was near"
             if result.at_limit

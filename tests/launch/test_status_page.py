@@ -145,3 +145,30 @@ def test_the_page_follows_a_job_to_its_hang_verdict(browser: Any, tmp_path: Path
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     # The suite's guard checks, after the browser quit, that no process of the job survived.
+
+
+def test_the_page_of_many_instances_shows_the_slowest_and_sums_up_the_rest(
+    browser: Any, tmp_path: Path
+) -> None:
+    """Issue 53: 20 light instances (records, no compute): the table has the 8 with the most
+    own work, the chart as many lines, and one line gives the other 12's spread."""
+    loop = str(ROOT / "tests" / "bin" / "progress_loop.py")
+    proc = start_poprun(
+        "--num-instances", "20", "--num-replicas", "20", "--status-port", "0",
+        sys.executable, loop, "-", "400", "0.05",
+    )  # fmt: skip
+    try:
+        browser.get(_address(proc))
+        _until(lambda: _steps(browser), lambda s: len(s) == 8 and min(s.values()) > 0,
+               "the 8 instances with the most own work")  # fmt: skip
+        line = _until(lambda: browser.find_element("id", "summary").text,
+                      lambda text: "(12) on localhost" in text, "the others' spread")  # fmt: skip
+        assert line.startswith("Shown: the 8 of 20 instances with the most own work.")
+        lines = "return document.querySelectorAll('#chart polyline').length"
+        _until(lambda: browser.execute_script(lines), lambda n: 0 < n <= 8, "8 lines at most")
+        proc.send_signal(signal.SIGTERM)  # poprun ends the job (forwards it)
+        assert proc.wait(timeout=PATIENCE_S) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from poprun import summary
 from poprun.run.progress.board import CollectiveCall, Desync, InstanceFigures, ThreadStack
 
 #: Innermost frames shown of an instance's main thread, and of each of its other threads.
@@ -68,8 +69,10 @@ def hang_report(
     """The verdict on a job in which no instance made progress for ``timeout`` seconds.
 
     ``instances``: every instance of the job and its host (some may never have reported).
+    Past :data:`poprun.summary.THRESHOLD` instances, those that wait are counted by the
+    collective they wait in, and at most :data:`poprun.summary.TOP` of the others are shown
+    with their stacks.
     """
-    by_index = {f.instance: f for f in figures}
     waiting = [f for f in figures if f.pending is not None]
     missing = [f for f in figures if f.pending is None]
     lines = [
@@ -77,40 +80,92 @@ def hang_report(
         f"(--hang-timeout={timeout:g})"
     ]
     furthest = max((f.issued for f in figures), default=0)
-    for f in waiting:
-        assert f.pending is not None
-        lines.append(
-            f"poprun: instance {f.instance} ({_where(f)}) waits in collective "
-            f"{_call_text(f.pending)}, for {max(0.0, now - f.pending.started):.0f} s"
-        )
+    lines += _waiting_lines(waiting, now)
     behind = [f for f in waiting if f.issued < furthest]
     if waiting and not missing and len({f.pending.seq for f in waiting if f.pending}) == 1:
         lines.append(_same_collective(waiting))
-    for f in missing:
-        if f.exiting:
-            lines.append(
-                f"poprun: instance {f.instance} ({_where(f)}) has ended its program (it issued "
-                f"{f.issued} collectives) while others wait: it left the job early"
-            )
-            continue
-        what = (
-            f"is missing: it is in no collective (it issued {f.issued}; instance "
-            f"{waiting[0].instance} waits in #{waiting[0].pending.seq})"
-            if waiting and waiting[0].pending is not None
-            else f"is in no collective (it issued {f.issued})"
-        )
-        lines.append(f"poprun: instance {f.instance} ({_where(f)}) {what}")
-        lines.extend(_stack_or_why(f, now))
-    for f in behind:
+    for f in missing[: summary.TOP]:
+        lines += _missing_lines(f, waiting, now)
+    lines += _more(missing, "in no collective")
+    for f in behind[: summary.TOP]:
         lines.append(f"poprun: instance {f.instance} is behind the others; where it is:")
         lines.extend(_stack_or_why(f, now))
-    for index, host in instances:
-        if index not in by_index:
+    lines += _more(behind, "behind the others")
+    reported = {f.instance for f in figures}
+    silent = [(index, host) for index, host in instances if index not in reported]
+    if summary.summarised(len(silent)):
+        lines.append(
+            f"poprun: {summary.count(len(silent), 'instance')} "
+            f"({summary.ranges(i for i, _ in silent)}) on {summary.hosts(h for _, h in silent)} "
+            f"sent no progress record: they have not imported popdist, or are stuck before that"
+        )
+    else:
+        for index, host in silent:
             lines.append(
                 f"poprun: instance {index} (host {host}) sent no progress record: it has not "
                 f"imported popdist, or it is stuck before that"
             )
     return "\n".join(lines)
+
+
+def _waiting_lines(waiting: Sequence[InstanceFigures], now: float) -> list[str]:
+    """Each waiting instance and its collective, or past the threshold each collective and
+    the instances waiting in it."""
+    if not summary.summarised(len(waiting)):
+        return [
+            f"poprun: instance {f.instance} ({_where(f)}) waits in collective "
+            f"{_call_text(f.pending)}, for {max(0.0, now - f.pending.started):.0f} s"
+            for f in waiting
+            if f.pending is not None
+        ]
+    calls: dict[tuple[int, str, str], list[InstanceFigures]] = {}
+    for f in waiting:
+        if f.pending is not None:
+            calls.setdefault((f.pending.seq, f.pending.kind, f.pending.name), []).append(f)
+    lines = []
+    for group in list(calls.values())[: summary.TOP]:
+        first = group[0].pending
+        assert first is not None
+        ages = [max(0.0, now - f.pending.started) for f in group if f.pending is not None]
+        lines.append(
+            f"poprun: {summary.count(len(group), 'instance')} "
+            f"({summary.ranges(f.instance for f in group)}) on "
+            f"{summary.hosts(f.host or '?' for f in group)} wait in collective "
+            f"{_call_text(first)}, for {_seconds(min(ages), max(ages))}"
+        )
+    if len(calls) > summary.TOP:
+        lines.append(f"poprun: … and {summary.count(len(calls) - summary.TOP, 'more collective')}")
+    return lines
+
+
+def _seconds(low: float, high: float) -> str:
+    return f"{low:.0f} s" if f"{low:.0f}" == f"{high:.0f}" else f"{low:.0f}-{high:.0f} s"
+
+
+def _missing_lines(f: InstanceFigures, waiting: Sequence[InstanceFigures], now: float) -> list[str]:
+    if f.exiting:
+        return [
+            f"poprun: instance {f.instance} ({_where(f)}) has ended its program (it issued "
+            f"{f.issued} collectives) while others wait: it left the job early"
+        ]
+    what = (
+        f"is missing: it is in no collective (it issued {f.issued}; instance "
+        f"{waiting[0].instance} waits in #{waiting[0].pending.seq})"
+        if waiting and waiting[0].pending is not None
+        else f"is in no collective (it issued {f.issued})"
+    )
+    return [f"poprun: instance {f.instance} ({_where(f)}) {what}", *_stack_or_why(f, now)]
+
+
+def _more(shown: Sequence[InstanceFigures], what: str) -> list[str]:
+    """The line for those past the first :data:`poprun.summary.TOP` (none when no more)."""
+    rest = shown[summary.TOP :]
+    if not rest:
+        return []
+    return [
+        f"poprun: … and {summary.count(len(rest), 'more instance')} {what} "
+        f"({summary.ranges(f.instance for f in rest)})"
+    ]
 
 
 def _same_collective(waiting: Sequence[InstanceFigures]) -> str:
@@ -152,10 +207,15 @@ def wait_note(figures: Sequence[InstanceFigures], *, now: float, timeout: float)
     first = min(waiting, key=lambda f: f.pending.started if f.pending else now)
     assert first.pending is not None
     who = ", ".join(str(f.instance) for f in waiting)
+    if summary.summarised(len(waiting)):
+        who = f"{summary.ranges(f.instance for f in waiting)} ({len(waiting):,})"
     where = "; ".join(
         f"instance {f.instance} ({_where(f)})" + (f" at {innermost(f)}" if innermost(f) else "")
-        for f in busy
+        for f in busy[: summary.TOP]
     )
+    if len(busy) > summary.TOP:
+        more = busy[summary.TOP :]
+        where += f"; {len(more):,} more ({summary.ranges(f.instance for f in more)})"
     return (
         f"poprun: note: instance{'s' if len(waiting) > 1 else ''} {who} "
         f"{'have' if len(waiting) > 1 else 'has'} waited "

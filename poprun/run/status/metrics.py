@@ -127,11 +127,24 @@ def text(figures: Sequence[Figures], now: float, *, instances: int, started: flo
 
 
 def status_json(
-    figures: Sequence[Figures], now: float, *, instances: int, started: float
+    figures: Sequence[Figures],
+    now: float,
+    *,
+    instances: int,
+    started: float,
+    every: bool = False,
 ) -> dict[str, Any]:
-    """The same figures as a JSON-ready mapping (``/status``)."""
+    """The same figures as a JSON-ready mapping (``/status``). Past
+    :data:`poprun.summary.THRESHOLD` instances (unless ``every``), ``progress`` holds the
+    :data:`poprun.summary.TOP` with the most own work and ``summary`` the others' spread and
+    who waits in which collective: the page stays readable and a second's message small."""
+    from poprun.run.status.stragglers import in_collectives, rest_summary, split
+
+    shown, rest = (
+        (sorted(figures, key=lambda f: f.instance), []) if every else split(figures, started, now)
+    )
     rows = []
-    for f in sorted(figures, key=lambda f: f.instance):
+    for f in shown:
         span = span_s(f, started, now)
         pending = None
         if f.pending is not None:
@@ -162,4 +175,11 @@ def status_json(
                 "pending": pending,
             }
         )
-    return {"instances": instances, "running_s": round(now - started, 6), "progress": rows}
+    out = {"instances": instances, "running_s": round(now - started, 6), "progress": rows}
+    if rest:
+        out["summary"] = {
+            "reported": len(figures),
+            "rest": rest_summary(rest, started, now),
+            "in_collectives": in_collectives(figures, now),
+        }
+    return out

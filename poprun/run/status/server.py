@@ -1,7 +1,9 @@
 """``--status-port``: the job's live figures over HTTP, served from a daemon thread.
 
 ``GET /metrics`` answers Prometheus' text format (:mod:`poprun.run.status.metrics`),
-``GET /status`` (or ``/status.json``) the same figures as JSON, with the job's description
+``GET /status`` (or ``/status.json``; past :data:`poprun.summary.THRESHOLD` instances the
+slowest few and the others' spread, ``?all=1`` for every one) the same figures as JSON, with
+the job's description
 (command, topology, ``--timeout``), the straggler when one is worth naming, and the hang
 notes and verdicts so far; ``GET /events`` that JSON once a second as a stream of
 server-sent events; ``GET /`` a page that shows them, following ``/events`` (``page.html``:
@@ -99,12 +101,13 @@ class Live:
         notes = [{"kind": kind, "text": text} for kind, text in list(self._notes())]
         return {"job": self.job, "straggler": named, "notes": notes}
 
-    def status(self) -> bytes:
-        """``/status``'s JSON at this moment: the figures and :meth:`extras`."""
+    def status(self, *, every: bool = False) -> bytes:
+        """``/status``'s JSON at this moment: the figures (summed up past many instances,
+        unless ``every``) and :meth:`extras`."""
         from poprun.run.status import metrics
 
         figures, now, instances, started = self.read()
-        data = metrics.status_json(figures, now, instances=instances, started=started)
+        data = metrics.status_json(figures, now, instances=instances, started=started, every=every)
         data |= self.extras(figures, now, started)
         return json.dumps(data).encode()
 
@@ -141,7 +144,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = metrics.text(figures, now, instances=instances, started=started)
             self._send(200, CONTENT_TYPE_LATEST, body)
         elif path in ("/status", "/status.json"):
-            self._send(200, "application/json", self.server.live.status())
+            every = "all=1" in self.path.partition("?")[2].split("&")
+            self._send(200, "application/json", self.server.live.status(every=every))
         elif path in ("/", "/index.html"):
             self._send(200, "text/html; charset=utf-8", page(), policy=PAGE_POLICY)
         else:

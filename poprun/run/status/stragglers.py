@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from poprun import summary as brief  # (this module's summary() is the live table)
 from poprun.run.status.figures import (
     Figures,
     own_work_s,
@@ -120,22 +121,62 @@ def _waiting(f: Figures, span: float) -> str:
     return f"{share:.0%} ({seconds(f.wait_s)})"
 
 
+def _row(f: Figures, started: float, now: float | None) -> list[str]:
+    row = [
+        str(f.instance),
+        f.host,
+        str(f.steps),
+        seconds(f.step_time_s) if f.steps > 0 else "-",
+        _waiting(f, span_s(f, started, now)),
+        size(f.rss_peak_bytes) if f.rss_peak_bytes > 0 else "-",
+    ]
+    if now is not None:
+        row.append(f"{seconds(progress_age_s(f, now))} ago")
+    return row
+
+
+def split(
+    figures: Sequence[Figures], started: float, now: float | None = None
+) -> tuple[list[Figures], list[Figures]]:
+    """(shown, rest): every instance by index, or past :data:`poprun.summary.THRESHOLD`
+    the :data:`poprun.summary.TOP` with the most own work (the slowest first) and the rest."""
+    ordered = sorted(figures, key=lambda f: f.instance)
+    if not brief.summarised(len(ordered)):
+        return ordered, []
+    spans = {f.instance: span_s(f, started, now) for f in ordered}
+    by_work = sorted(ordered, key=lambda f: (-own_work_s(f, spans[f.instance]), f.instance))
+    return by_work[: brief.TOP], sorted(by_work[brief.TOP :], key=lambda f: f.instance)
+
+
+def rest_summary(rest: Sequence[Figures], started: float, now: float | None) -> dict[str, str]:
+    """The instances not shown one by one: who they are, and each figure's spread."""
+    shares = [wait_share(f, span_s(f, started, now)) for f in rest]
+    out = {
+        "instances": f"{brief.ranges(f.instance for f in rest)} ({len(rest):,})",
+        "hosts": brief.hosts((f.host for f in rest), most=2),
+        "steps": brief.spread([f.steps for f in rest], lambda v: f"{v:.0f}"),
+        "step_time": brief.spread([f.step_time_s for f in rest if f.steps > 0], seconds),
+        "waiting": brief.spread([x for x in shares if x is not None], lambda v: f"{v:.0%}"),
+        "peak_rss": brief.spread(
+            [f.rss_peak_bytes for f in rest if f.rss_peak_bytes > 0], lambda v: size(int(v))
+        ),
+    }
+    if now is not None:
+        ages = [progress_age_s(f, now) for f in rest]
+        out["last_progress"] = brief.spread(ages, seconds) + " ago"
+    return out
+
+
 def rows(figures: Sequence[Figures], started: float, now: float | None = None) -> list[str]:
-    """The table's lines, aligned (``now``: live, with the "last progress" age column)."""
+    """The table's lines, aligned (``now``: live, with the "last progress" age column): a
+    row per instance, or past :data:`poprun.summary.THRESHOLD` of them the
+    :data:`poprun.summary.TOP` with the most own work, then one row for the rest."""
     header = ["instance", "host", "steps", "step time", "waiting", "peak RSS"]
-    body = []
-    for f in sorted(figures, key=lambda f: f.instance):
-        row = [
-            str(f.instance),
-            f.host,
-            str(f.steps),
-            seconds(f.step_time_s) if f.steps > 0 else "-",
-            _waiting(f, span_s(f, started, now)),
-            size(f.rss_peak_bytes) if f.rss_peak_bytes > 0 else "-",
-        ]
-        if now is not None:
-            row.append(f"{seconds(progress_age_s(f, now))} ago")
-        body.append(row)
+    shown, rest = split(figures, started, now)
+    body = [_row(f, started, now) for f in shown]
+    if rest:
+        cells = rest_summary(rest, started, now)
+        body.append([f"{len(rest):,} more", *list(cells.values())[1:]])
     if now is not None:
         header.append("last progress")
     widths = [max(len(r[i]) for r in (header, *body)) for i in range(len(header))]
@@ -152,6 +193,13 @@ def rows(figures: Sequence[Figures], started: float, now: float | None = None) -
 
 
 TITLE = "progress of the {n} instances (step time: mean; waiting: in collectives, share of the run)"
+#: ... and past the threshold, which rows the table has.
+SUMMED = "; the {top} with the most own work, then the others' spread (median)"
+
+
+def _title(n: int) -> str:
+    more = SUMMED.format(top=brief.TOP) if brief.summarised(n) else ""
+    return PREFIX + TITLE.format(n=f"{n:,}") + more + ":"
 
 
 def report(figures: Sequence[Figures], started: float) -> str:
@@ -160,7 +208,7 @@ def report(figures: Sequence[Figures], started: float) -> str:
     ``started``: when the job was launched (poprun's monotonic clock)."""
     if len(figures) < 2 or not reported(list(figures)):
         return ""
-    lines = [PREFIX + TITLE.format(n=len(figures)) + ":", *rows(figures, started)]
+    lines = [_title(len(figures)), *rows(figures, started)]
     found = slowest(figures, started)
     if found is not None and found.worth_naming:
         lines.append(found.line())
@@ -174,15 +222,42 @@ def summary(figures: Sequence[Figures], now: float, *, instances: int, started: 
     head = f"{PREFIX}status after {seconds(max(0.0, now - started))}, {instances} instance{plural}"
     if not reported(list(figures)):
         return f"{head}: no progress reported yet"
-    lines = [f"{head}:", *rows(figures, started, now)]
-    for f in sorted(figures, key=lambda f: f.instance):
-        if f.pending is not None:
-            call = f.pending
-            lines.append(
-                f"{PREFIX}instance {f.instance} is in collective #{call.seq} {call.kind} "
-                f"{call.name!r} for {seconds(max(0.0, now - call.started))}"
-            )
+    more = SUMMED.format(top=brief.TOP) if brief.summarised(len(figures)) else ""
+    pending = [PREFIX + line for line in in_collectives(figures, now)]
+    lines = [f"{head}{more}:", *rows(figures, started, now), *pending]
     found = slowest(figures, started, now)
     if found is not None and found.worth_naming:
         lines.append(found.line())
     return "\n".join(lines)
+
+
+def in_collectives(figures: Sequence[Figures], now: float) -> list[str]:
+    """Who is in which collective: a line per instance, or past the threshold a line per
+    collective (its instances' ranges and how long they have been in it)."""
+    waiting = sorted((f for f in figures if f.pending is not None), key=lambda f: f.instance)
+    if not brief.summarised(len(waiting)):
+        lines = []
+        for f in waiting:
+            call = f.pending
+            assert call is not None
+            lines.append(
+                f"instance {f.instance} is in collective #{call.seq} {call.kind} "
+                f"{call.name!r} for {seconds(max(0.0, now - call.started))}"
+            )
+        return lines
+    calls: dict[tuple[int, str, str], list[Figures]] = {}
+    for f in waiting:
+        call = f.pending
+        assert call is not None
+        calls.setdefault((call.seq, call.kind, call.name), []).append(f)
+    lines = []
+    for (seq, kind, name), group in list(calls.items())[: brief.TOP]:
+        ages = [max(0.0, now - f.pending.started) for f in group if f.pending is not None]
+        lines.append(
+            f"{brief.count(len(group), 'instance')} "
+            f"({brief.ranges(f.instance for f in group)}) are in collective #{seq} {kind} "
+            f"{name!r} for {brief.spread(ages, seconds)}"
+        )
+    if len(calls) > brief.TOP:
+        lines.append(f"… and {brief.count(len(calls) - brief.TOP, 'more collective')}")
+    return lines
