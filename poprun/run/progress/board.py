@@ -158,6 +158,17 @@ def _call(raw: Any, now: float) -> CollectiveCall | None:
         return None
 
 
+def _signature(raw: Any) -> tuple[int, tuple[str, tuple[int, ...], str]] | None:
+    """A record's call as the desync check needs it: its sequence number and signature
+    (cheaper than the whole :class:`CollectiveCall`, which is built only when kept)."""
+    if not isinstance(raw, list) or len(raw) < 8:
+        return None
+    try:
+        return int(raw[0]), (str(raw[1]), tuple(int(n) for n in raw[4]), str(raw[5]))
+    except (TypeError, ValueError):
+        return None
+
+
 def _stacks(raw: Any) -> tuple[ThreadStack, ...]:
     if not isinstance(raw, list):
         return ()
@@ -175,11 +186,14 @@ def _stacks(raw: Any) -> tuple[ThreadStack, ...]:
 
 
 class _Instance:
-    __slots__ = ("counters", "figures")
+    __slots__ = ("compared", "counters", "figures")
 
     def __init__(self, figures: InstanceFigures, counters: tuple[int, int, int]) -> None:
         self.figures = figures
         self.counters = counters
+        #: The highest sequence number of its recent calls compared so far (a record repeats
+        #: its last few calls: those already compared are not again).
+        self.compared = 0
 
 
 #: One sequence number's calls: each signature, with the lowest instance that issued it.
@@ -208,7 +222,7 @@ class ProgressBoard:
         num = _numbers(fields)
         exiting = bool(fields.get("exiting"))
         counters = (num["seq"], num["done"], num["steps"] + exiting)  # ending: progress too
-        calls = [_call(c, now) for c in fields.get("recent") or ()]
+        recent = fields.get("recent") or ()
         pending = _call(fields.get("pending"), now)
         failed = _call(fields.get("failed"), now)
         with self._lock:
@@ -237,36 +251,60 @@ class ProgressBoard:
                 failure=str(fields.get("failure") or ""),
                 exiting=exiting,
             )
-            if known is None:
-                self._instances[index] = _Instance(figures, counters)
+            entry = known
+            if entry is None:
+                entry = self._instances[index] = _Instance(figures, counters)
             else:
-                self._exiting -= known.figures.exiting
-                known.figures, known.counters = figures, counters
+                self._exiting -= entry.figures.exiting
+                entry.figures, entry.counters = figures, counters
             self._exiting += exiting
             self._latest = max(self._latest, last)
             self._reports[index] = now
-            for call in (*calls, pending, failed):
+            compared = entry.compared
+            for raw in recent:
+                got = _signature(raw)
+                if got is not None and got[0] > compared:
+                    self._compare(index, figures.host, got, raw, now)
+                    entry.compared = max(entry.compared, got[0])
+            for call in (pending, failed):
                 if call is not None:
-                    self._compare(index, figures.host, call)
+                    self._compare(index, figures.host, (call.seq, call.signature), call, now)
         return moved
 
-    def _compare(self, index: int, host: str, call: CollectiveCall) -> None:
-        """Whether ``call`` differs from another instance's at its sequence number: the
-        lowest instance with another signature there is named (constant time a call)."""
-        if call.seq < self._oldest:
+    def _compare(
+        self,
+        index: int,
+        host: str,
+        got: tuple[int, tuple[str, tuple[int, ...], str]],
+        raw: Any,
+        now: float,
+    ) -> None:
+        """Whether the call differs from another instance's at its sequence number: the
+        lowest instance with another signature there is named (constant time a call). The
+        call (``raw``: a record's list, or a :class:`CollectiveCall`) is built only when kept
+        or named."""
+        seq, signature = got
+        if seq < self._oldest:
             return  # older than every number kept: nothing left to compare it with
-        seen = self._by_seq.setdefault(call.seq, {})
-        if self._desync is None:
-            others = [rep for sig, rep in seen.items() if sig != call.signature and rep[0] != index]
+        seen = self._by_seq.setdefault(seq, {})
+        kept = seen.get(signature)
+        others = (
+            []
+            if self._desync is not None or (len(seen) == 1 and kept is not None)
+            else [rep for sig, rep in seen.items() if sig != signature and rep[0] != index]
+        )
+        if others or kept is None or index < kept[0]:
+            call = raw if isinstance(raw, CollectiveCall) else _call(raw, now)
+            if call is None:
+                return
             if others:
                 peer = min(others, key=lambda side: side[0])
                 first, second = sorted(((index, host, call), peer), key=lambda side: side[0])
-                self._desync = Desync(call.seq, first, second)
-        kept = seen.get(call.signature)
-        if kept is None or index < kept[0]:
-            seen[call.signature] = (index, host, call)
-        if call.seq - self._oldest >= KEPT_CALLS:  # forget the oldest numbers
-            oldest = call.seq - KEPT_CALLS + 1
+                self._desync = Desync(seq, first, second)
+            if kept is None or index < kept[0]:
+                seen[signature] = (index, host, call)
+        if seq - self._oldest >= KEPT_CALLS:  # forget the oldest numbers
+            oldest = seq - KEPT_CALLS + 1
             if oldest - self._oldest > KEPT_CALLS:  # a jump: sweep once
                 self._by_seq = {seq: s for seq, s in self._by_seq.items() if seq >= oldest}
             else:
