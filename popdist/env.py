@@ -676,9 +676,11 @@ DEFAULT_TORCH_TIMEOUT_S = 600.0
 #: How the torch backend reduces CPU gradients: ``mpi`` (the default) or ``gloo``.
 TORCH_CPU_ALLREDUCE = "POPDIST_TORCH_CPU_ALLREDUCE"
 TORCH_CPU_ALLREDUCE_CHOICES = ("mpi", "gloo")
+#: ``0`` turns off the executor's CUDA graph of the training micro-step (set by the user).
+CUDA_GRAPHS = "POPDIST_CUDA_GRAPHS"
 #: The ``POPDIST_*`` variables the *user* sets (tuning, not the run's shape): poprun passes
 #: them to the instances as they are, where it replaces every other ``POPDIST_*``.
-USER_TUNING = frozenset({TORCH_TIMEOUT, TORCH_CPU_ALLREDUCE, POPTORCH_MODULES})
+USER_TUNING = frozenset({TORCH_TIMEOUT, TORCH_CPU_ALLREDUCE, POPTORCH_MODULES, CUDA_GRAPHS})
 
 
 def read_process(
@@ -783,6 +785,13 @@ def read_poptorch_modules(environ: Mapping[str, str] | None = None) -> bool:
     the program then runs as if on IPUs (``poptorch.ipuHardwareVersion()`` answers)."""
     environ = os.environ if environ is None else environ
     return _flag(environ, POPTORCH_MODULES)
+
+
+def read_cuda_graphs(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the executor may capture its training micro-step in a CUDA graph: yes unless
+    ``POPDIST_CUDA_GRAPHS`` is ``0`` (or another false flag)."""
+    environ = os.environ if environ is None else environ
+    return not environ.get(CUDA_GRAPHS, "").strip() or _flag(environ, CUDA_GRAPHS)
 
 
 def generation(environ: Mapping[str, str] | None = None) -> int:
