@@ -14,6 +14,11 @@ when the gradients would cross instances over a backend that does not reduce CUD
 the executor asks the backend's declared capabilities (``reduces_on("cuda")``).
 
 The decision is the pure :func:`choose_device`; tests drive it with fake device counts.
+
+Tensors come back from a GPU without a wait each (:class:`HostCopies`): each is copied into
+pinned host memory with ``non_blocking=True``, and a call waits once per device, at its end,
+for its outputs and for whatever else it sent to the host (``useOnChipStorage(False)``'s
+optimizer state), instead of one blocking ``.cpu()`` per tensor.
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 __all__ = [
+    "CUDA_COPIES",
+    "HostCopies",
     "choose_device",
     "instance_device",
     "move_optimizer_state",
     "optimizer_state_on_device",
     "place",
+    "send_optimizer_state",
     "to_host",
 ]
 
@@ -71,6 +79,44 @@ def instance_device(*, pipelined: bool, num_processes: int = 1) -> torch.device:
     )
 
 
+class HostCopies:
+    """Copies from a device to host memory that do not wait: pinned buffers, ``non_blocking``
+    copies, and :meth:`wait`, once per device for every copy since the last wait.
+
+    This is CUDA's; tests subclass it to take the path on the CPU (``is_device``).
+    """
+
+    def __init__(self) -> None:
+        self.pending: set[torch.device] = set()  # devices with copies to host in flight
+
+    def is_device(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is on a device these copies bring back."""
+        return tensor.is_cuda
+
+    def pinned_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(tensor, device=CPU, pin_memory=True)
+
+    def send(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` in host memory once :meth:`wait` has returned."""
+        host = self.pinned_like(tensor)
+        host.copy_(tensor, non_blocking=True)
+        self.pending.add(tensor.device)
+        return host
+
+    def wait(self) -> None:
+        """Wait for every copy sent since the last wait (one synchronisation per device)."""
+        for device in self.pending:
+            self.synchronize(device)
+        self.pending.clear()
+
+    def synchronize(self, device: torch.device) -> None:
+        torch.cuda.current_stream(device).synchronize()
+
+
+#: The host copies of a GPU's tensors.
+CUDA_COPIES = HostCopies()
+
+
 def move_optimizer_state(
     optimizer: torch.optim.Optimizer, where: Callable[[torch.Tensor], torch.device]
 ) -> None:
@@ -79,11 +125,23 @@ def move_optimizer_state(
         device = where(param)
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
-                state[key] = value.to(device)
+                state[key] = value.to(device, non_blocking=device != CPU)
+
+
+def send_optimizer_state(optimizer: torch.optim.Optimizer, copies: HostCopies) -> None:
+    """Every non-scalar state tensor on a device to host memory, through ``copies``: not
+    waited for here, but with the call's outputs (the next step's copies back to the device
+    are ordered after these on the device's stream)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and copies.is_device(value):
+                state[key] = copies.send(value)
 
 
 @contextlib.contextmanager
-def optimizer_state_on_device(optimizer: torch.optim.Optimizer, on_chip: bool) -> Iterator[None]:
+def optimizer_state_on_device(
+    optimizer: torch.optim.Optimizer, on_chip: bool, copies: HostCopies = CUDA_COPIES
+) -> Iterator[None]:
     """Around a step: the state on the parameters' device, back in host memory after it when
     ``on_chip`` is false (``useOnChipStorage(False)``: host memory between updates)."""
     if on_chip:
@@ -93,7 +151,7 @@ def optimizer_state_on_device(optimizer: torch.optim.Optimizer, on_chip: bool) -
     try:
         yield
     finally:
-        move_optimizer_state(optimizer, lambda p: CPU)
+        send_optimizer_state(optimizer, copies)
 
 
 def place(model: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:
@@ -120,8 +178,18 @@ def place(model: nn.Module, optimizer: torch.optim.Optimizer | None, device: tor
     move_optimizer_state(optimizer, lambda p: p.device)
 
 
-def to_host(tree: Any) -> Any:
-    """``tree``'s tensors in host memory (outputs, as PopTorch returns them)."""
-    if isinstance(tree, torch.Tensor):
-        return tree.cpu()
-    return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, tree)
+def to_host(tree: Any, copies: HostCopies = CUDA_COPIES) -> Any:
+    """``tree``'s tensors in host memory (outputs, as PopTorch returns them).
+
+    A device's tensors through ``copies`` (pinned, not blocking), then one wait per device;
+    a tensor of any other device with ``.cpu()``; a host tensor as it is.
+    """
+
+    def host(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        return copies.send(x) if copies.is_device(x) else x.cpu()
+
+    moved = host(tree) if isinstance(tree, torch.Tensor) else tree_map(host, tree)
+    copies.wait()
+    return moved
