@@ -3,17 +3,22 @@
 One call takes a batch whose leading dimension is ``deviceIterations × gradientAccumulation
 × localReplicas × micro-batch`` (PopART's host layout ``[device_iterations, accumulation,
 replica, micro_batch, ...]``, :class:`~popdist_torch.execution.batch.Batch`).  For each device
-iteration the executor's *replica runner* (:mod:`popdist_torch.execution.runners`, chosen once when
-the model is wrapped) runs, for each accumulation step, every local replica's forward and
-backward on its micro-batch; gradients accumulate in the parameters' ``.grad``; the
-cross-instance allreduce (:mod:`popdist_torch.execution.reducer`, fused, overlapped with the last
-backward) happens once per weight update; then the optimizer steps.  The user's module is
-the model: it holds the current weights after every call, and a training and an inference
-model of the same module share them.
+iteration the executor's *replica runner* (:mod:`popdist_torch.execution.runners`) runs, for
+each accumulation step, every local replica's forward and backward on its micro-batch;
+gradients accumulate in the parameters' ``.grad``; the cross-instance allreduce
+(:mod:`popdist_torch.execution.reducer`, fused, overlapped with the last backward) happens
+once per weight update; then the optimizer steps.  The user's module is the model: it holds
+the current weights after every call, and a training and an inference model of the same
+module share them.
+
+What runs where is decided once, when the model is wrapped: the options, the model's facts
+and the process's world resolve into one frozen plan
+(:mod:`popdist_torch.execution.setup`), and the executor builds its pieces from it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import warnings
@@ -28,23 +33,29 @@ from popdist.env import read_compute_threads
 from popdist_torch.enums import OutputMode, ReductionType
 from popdist_torch.errors import ExecutorError, ExecutorStateError
 from popdist_torch.execution.batch import Batch
-from popdist_torch.execution.deterministic import DeterministicReplicaRunner, ReplicaGradients
 from popdist_torch.execution.device import DeviceSide
 from popdist_torch.execution.observation import Observation
 from popdist_torch.execution.outputs import OutputCollector
 from popdist_torch.execution.placement import (
-    CPU,
     instance_device,
+    move_optimizer_state,
     optimizer_state_on_device,
     place,
     to_host,
 )
 from popdist_torch.execution.reducer import GradientReducer, broadcast_state, connect
-from popdist_torch.execution.runners import ReplicaRunner, make_runner, uses_stages
+from popdist_torch.execution.runners import ReplicaRunner
+from popdist_torch.execution.setup import (
+    ExecutorPlan,
+    announce_idle_gpus,
+    model_facts,
+    read_world,
+    resolve,
+)
+from popdist_torch.execution.setup.build import runner_for
 from popdist_torch.optim import SGD, PopTorchOptimizer, check_constants, loss_scaling_of
 from popdist_torch.optim.sharded import StateShards, step
 from popdist_torch.options import Options
-from popdist_torch.options.distributed import replica_counts
 from popdist_torch.surface.loss import mark_loss
 
 __all__ = [
@@ -54,13 +65,6 @@ __all__ = [
     "inferenceModel",
     "trainingModel",
 ]
-
-
-_NO_DETERMINISTIC_STAGES = (
-    "Training.deterministicReduction (or poprun --deterministic-reduction) runs whole "
-    "replicas one by one; a model split into stages cannot use it: turn it off, or run "
-    "the model unstaged"
-)
 
 
 def identity_loss(x: torch.Tensor, reduction: str = "none") -> torch.Tensor:
@@ -120,76 +124,34 @@ def _resolved(options: Options | None, *, training: bool) -> Options:
 
 
 def _connect(
-    model: nn.Module,
-    opts: Options,
-    optimizer: torch.optim.Optimizer | None,
-    *,
-    average: bool,
-    deterministic: bool,
+    model: nn.Module, opts: Options, optimizer: torch.optim.Optimizer | None, plan: ExecutorPlan
 ) -> tuple[Collectives | None, GradientReducer | None]:
-    """Join the other instances: start from instance 0's state; a training model's reducer.
+    """Join the other instances: start from instance 0's state; the plan's reducer.
 
     The collectives are ``None`` when they connect no other process (one process: the local
-    backend). The reducer is ``None`` then, for an inference model, and with the
-    deterministic reduction (which reduces in its own runner).
+    backend).
     """
     dist = opts.Distributed
     collectives = connect(dist.numProcesses, dist.processId)
-    communicates = collectives.capabilities.communicates
+    deterministic = plan.runner == "deterministic"
     threads = read_compute_threads(deterministic=deterministic)
-    if threads is not None and (communicates or deterministic):
+    if threads is not None and (plan.communicates or deterministic):
         torch.set_num_threads(threads)
-    if not communicates:
+    if not plan.communicates:
         return None, None
     broadcast_state(collectives, model, optimizer, buffers=opts.broadcast_buffers)
-    if optimizer is None or deterministic:
+    if not plan.reducer:
         return collectives, None
-    return collectives, GradientReducer(collectives, model.named_parameters(), average=average)
+    return collectives, GradientReducer(collectives, model.named_parameters(), average=plan.average)
 
 
-def _join(
-    model: nn.Module, opts: Options, optimizer: torch.optim.Optimizer | None, training: bool
-) -> tuple[
-    int | None, Collectives | None, GradientReducer | None, DeterministicReplicaRunner | None
-]:
-    """Join the other instances and choose how gradients are reduced.
-
-    Returns the replicas a Mean divides by (``None``: this instance's, the uniform default
-    path), the collectives (``None``: no other instance), the default reducer, and the
-    deterministic reduction's runner (or ``None``). A mean over
-    all replicas weighs each one alike: with a non-uniform split (or the deterministic
-    reduction) each loss is scaled by 1 / all replicas, and the instances' sums are added.
-    """
-    dist = opts.Distributed
-    counts = replica_counts(dist.numProcesses, dist.processId, opts.replication_factor)
-    deterministic = training and opts.Training.deterministic_reduction
-    mean = opts.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
-    uniform = len(set(counts)) == 1
-    collectives, reducer = _connect(
-        model, opts, optimizer, average=mean and uniform, deterministic=deterministic
-    )
-    runner = None
-    if deterministic:
-        if uses_stages(model, opts):
-            raise ExecutorError(_NO_DETERMINISTIC_STAGES)
-        rows = ReplicaGradients(collectives, model.named_parameters(), counts, dist.processId)
-        runner = DeterministicReplicaRunner(model, rows)
-    return (None if uniform and not deterministic else sum(counts)), collectives, reducer, runner
-
-
-def _refuse_stages(runner: ReplicaRunner) -> None:
-    """The deterministic reduction runs whole replicas: a model found to place blocks fails."""
-    if isinstance(runner, DeterministicReplicaRunner):
-        raise ExecutorError(_NO_DETERMINISTIC_STAGES)
-
-
-def _shards(opts: Options, collectives: Collectives | None) -> StateShards | None:
-    """The optimizer-state shards when the options shard it and there are other instances
-    (``collectives``: ``None`` without them, or without an optimizer)."""
-    locations = opts.TensorLocations
-    if collectives is None or not locations.optimizer_sharded:
+def _shards(
+    opts: Options, plan: ExecutorPlan, collectives: Collectives | None
+) -> StateShards | None:
+    """The optimizer-state shards when the plan shards it over the other instances."""
+    if not plan.shards or collectives is None:
         return None
-    return StateShards(collectives, locations.sharding_min_elements)
+    return StateShards(collectives, opts.TensorLocations.sharding_min_elements)
 
 
 class PoplarExecutor(DeviceSide, Observation):
@@ -206,10 +168,11 @@ class PoplarExecutor(DeviceSide, Observation):
         if not isinstance(model, nn.Module):
             raise ExecutorError(f"expected a torch.nn.Module, got {type(model).__name__}")
         opts = _resolved(options, training=training)
+        self._facts = facts = model_facts(model, opts)
         self._optimizer: torch.optim.Optimizer | None = None
         if training:
             self._optimizer = optimizer or SGD(model.parameters(), lr=0.01)
-            if uses_stages(model, opts):
+            if facts.staged:
                 from popdist_torch.pipeline import check_accumulation
 
                 check_accumulation(opts.execution_strategy, opts.Training.gradient_accumulation)
@@ -221,24 +184,32 @@ class PoplarExecutor(DeviceSide, Observation):
         self._attached = True
         self._destroyed = False
         self._compiled = False
-        # The instance's GPU when it has one; before the broadcast, which then runs there.
-        self._device = instance_device(
-            pipelined=uses_stages(model, opts), num_processes=opts.Distributed.numProcesses
-        )
-        place(model, self._optimizer, self._device)
-        joined = _join(model, opts, self._optimizer, training)
-        self._mean_over, collectives, self._reducer, deterministic = joined
-        self._shards = _shards(opts, collectives if self._optimizer is not None else None)
-        # ``Block`` contexts show only when forward runs: the first call watches for them.
-        self._watch_blocks = not uses_stages(model, opts)
-        self._runner: ReplicaRunner = deterministic or make_runner(
-            model,
-            opts,
+        # Where an unstaged model computes (the instance's GPU when it has one), then the plan.
+        num = opts.Distributed.numProcesses
+        self._world = read_world(opts, instance_device(pipelined=False, num_processes=num))
+        plan = resolve(opts, facts, self._world, training=training)
+        place(model, self._optimizer, plan.device)  # before the broadcast, which then runs there
+        collectives, self._reducer = _connect(model, opts, self._optimizer, plan)
+        self._collectives = collectives
+        self._shards = _shards(opts, plan, collectives)
+        self._adopt(plan)
+        self._observe(plan.device)
+        announce_idle_gpus(plan, self._world, opts)
+
+    def _adopt(self, plan: ExecutorPlan) -> None:
+        """Build the runner of ``plan`` (at wrap time, and when a first call stages the model)."""
+        self._plan, self._device, self._watch_blocks = plan, plan.device, plan.watch_blocks
+        self._to_host = plan.outputs_to_host
+        # Stages on several GPUs move their parameters: the optimizer state follows, once.
+        self._place_state = plan.stage_gpus > 1 and self._optimizer is not None
+        self._runner: ReplicaRunner = runner_for(
+            plan,
+            self._user_model,
+            self._options,
             reducer=self._reducer,
-            zero_grad=self._zero_grad if training else None,
-            device_type=self._device.type,
+            collectives=self._collectives,
+            zero_grad=self._zero_grad if self._training else None,
         )
-        self._observe(self._device)
 
     # -- PopTorch's executor surface ----------------------------------------------------
     @property
@@ -326,7 +297,7 @@ class PoplarExecutor(DeviceSide, Observation):
         started = time.monotonic()
         try:
             result = self._first_call(batch) if self._watch_blocks else self._run(batch)
-            result = result if self._device == CPU else to_host(result)
+            result = to_host(result) if self._to_host else result
         except BaseException:
             progress.leave(outer)
             raise
@@ -362,24 +333,18 @@ class PoplarExecutor(DeviceSide, Observation):
             with watch_blocks() as seen:
                 result = self._run(batch)
         except BlocksPlaced:
-            _refuse_stages(self._runner)
+            self._facts = dataclasses.replace(self._facts, staged=True)
+            plan = resolve(self._options, self._facts, self._world, training=self._training)
             self._watch_blocks = False
             if self._training:
                 check_accumulation(None, self._options.Training.gradient_accumulation)
                 self._zero_grad()
                 if self._reducer is not None:
                     self._reducer.disarm()
-            if self._device != CPU:  # the stage runner places the stages itself
-                self._device = CPU
-                place(self._user_model, self._optimizer, CPU)
-                batch.batched = [t.to(CPU) for t in batch.batched]
-            self._runner = make_runner(
-                self._user_model,
-                self._options,
-                reducer=self._reducer,
-                zero_grad=self._zero_grad if self._training else None,
-                staged=True,
-            )
+            if plan.device != self._device:  # the stage runner places the stages themselves
+                place(self._user_model, self._optimizer, plan.device)
+                batch.batched = [t.to(plan.device) for t in batch.batched]
+            self._adopt(plan)
             return self._run(batch)
         self._watch_blocks = False  # a call that failed is watched again next time
         if seen.unplaced_seen:
@@ -410,7 +375,9 @@ class PoplarExecutor(DeviceSide, Observation):
         assert optimizer is not None
         check_constants(optimizer)  # PopTorch's constant attributes: fixed from the first run
         mean = opts.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
-        scale = 1.0 / (batch.accumulation * (self._mean_over or batch.replicas)) if mean else 1.0
+        scale = (
+            1.0 / (batch.accumulation * (self._plan.mean_over or batch.replicas)) if mean else 1.0
+        )
         # PopTorch's loss scaling: the backward pass carries the factor, the step removes it.
         loss_scaling = loss_scaling_of(optimizer)
         collector = self._collector()
@@ -420,6 +387,9 @@ class PoplarExecutor(DeviceSide, Observation):
             if loss_scaling != 1.0:
                 assert isinstance(optimizer, PopTorchOptimizer)
                 optimizer.unscale_next_step(loss_scaling)
+            if self._place_state:  # the stages are on their GPUs now
+                move_optimizer_state(optimizer, lambda p: p.device)
+                self._place_state = False
             with optimizer_state_on_device(optimizer, opts.TensorLocations.optimizer_on_chip):
                 step(optimizer, self._shards)
             if self._anchors is not None:

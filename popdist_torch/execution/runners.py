@@ -15,6 +15,8 @@ The executor picks one with :func:`make_runner` when the model is wrapped:
   slower. The choice is made on the first call and kept. With
   ``Precision.autocastEnabled`` each forward runs under ``torch.autocast``, which has no
   effect inside ``vmap``: the replicas then run one after the other.
+  On a GPU the fused training micro-step is captured in a graph and replayed
+  (:mod:`popdist_torch.execution.capture`) when the plan and the first calls allow it.
 - :class:`StageReplicaRunner`: each replica split into stages over its devices
   (:class:`popdist_torch.pipeline.StageRunner`), for models with an execution strategy or
   block annotations.
@@ -34,6 +36,8 @@ from torch.func import vmap
 
 from popdist_torch.errors import ExecutorError
 from popdist_torch.execution.batch import Batch, detach, detach_own, stack
+from popdist_torch.execution.capture.eligibility import StepFacts
+from popdist_torch.execution.capture.graphed import NOT_RUN, GraphedSteps
 from popdist_torch.execution.outputs import OneReplica, OutputCollector
 from popdist_torch.execution.reducer import GradientReducer
 from popdist_torch.options import Options
@@ -84,17 +88,30 @@ class LocalReplicaRunner(ReplicaRunner):
         reducer: GradientReducer | None,
         zero_grad: Callable[[], None] | None = None,
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        graphs: GraphedSteps | None = None,
     ) -> None:
         super().__init__(model, reducer)
         self._zero_grad = zero_grad  # the optimizer's, to start an update again
         self._fused: bool | None = None  # unknown until the first call with replicas > 1
         self._autocast = autocast or contextlib.nullcontext
+        self._graphs = graphs  # the captured training micro-step, when the plan allows it
         if autocast is not None:
             self._fused = False  # torch.autocast has no effect inside vmap
 
     def run_in_turn(self) -> None:
         """Run the replicas one after the other from now on (hooks that must see each one)."""
+        self._in_turn("a hook must see each replica")
+
+    def _in_turn(self, reason: str) -> None:
         self._fused = False
+        if self._graphs is not None:
+            self._graphs.refuse(StepFacts(in_turn=reason))
+            self._graphs = None
+
+    @property
+    def graphs(self) -> GraphedSteps | None:
+        """The captured micro-step's state (``None``: every step runs eagerly)."""
+        return self._graphs
 
     @property
     def fused(self) -> bool | None:
@@ -104,15 +121,37 @@ class LocalReplicaRunner(ReplicaRunner):
     def forward_backward(
         self, batch: Batch, iteration: int, *, scale: float, collector: OutputCollector
     ) -> None:
+        graphs = self._graphs
+        if graphs is not None:
+            if iteration == 0:
+                graphs.begin_call(batch, fused=self._fused is True)
+            if graphs.replaying:
+                graphs.begin_update()
         steps = batch.accumulation
         for g in range(steps):
             keep = collector.wants(iteration, g)
             inputs = batch.step(iteration, g)
-            outputs = self._replicas(inputs, batch, scale=scale, last=g == steps - 1, keep=keep)
+            outputs = NOT_RUN
+            if graphs is not None and graphs.replaying:
+                outputs = graphs.step(inputs, scale, keep, self._captured_step(batch))
+            if outputs is NOT_RUN:
+                outputs = self._replicas(inputs, batch, scale=scale, last=g == steps - 1, keep=keep)
             if keep:
                 collector.add(iteration, g, outputs)
+        if graphs is not None:
+            graphs.end_update()
+            if graphs.off is not None:
+                self._graphs = None
         if self.reducer is not None:
             self.reducer.finish()
+
+    def _captured_step(self, batch: Batch) -> Callable[[list[torch.Tensor], torch.Tensor], Any]:
+        """The fused step a graph captures: static inputs, the scale a device tensor."""
+
+        def run(inputs: list[torch.Tensor], scale: torch.Tensor) -> Any:
+            return self._fused_step(inputs, batch, scale=scale, last=True, keep=True)
+
+        return run
 
     def forward(self, batch: Batch, iteration: int, collector: OutputCollector) -> None:
         outputs = self._replicas(batch.step(iteration, 0), batch, scale=None, last=False, keep=True)
@@ -132,8 +171,13 @@ class LocalReplicaRunner(ReplicaRunner):
         Returns the replicas' detached outputs when ``keep``, else ``None``.
         """
         if inputs[0].shape[0] > 1 and self._may_fuse(training=scale is not None):
+            graphs = self._graphs
             try:
-                outputs = self._fused_step(inputs, batch, scale=scale, last=last, keep=keep)
+                if graphs is None:
+                    outputs = self._fused_step(inputs, batch, scale=scale, last=last, keep=keep)
+                else:  # a warm-up step before a capture (or an eager call)
+                    with graphs.warming():
+                        outputs = self._fused_step(inputs, batch, scale=scale, last=last, keep=keep)
                 self._fused = True
                 return outputs
             except ExecutorError:
@@ -141,7 +185,7 @@ class LocalReplicaRunner(ReplicaRunner):
             except Exception as exc:  # vmap cannot run this model: replicas in turn
                 if self._fused:
                     raise
-                self._fused = False
+                self._in_turn(f"vmap: {exc}")
                 if scale is not None:
                     self._restart_update()
                 log.info("replicas run one after the other (vmap: %s)", exc)
@@ -149,7 +193,7 @@ class LocalReplicaRunner(ReplicaRunner):
 
     def _may_fuse(self, *, training: bool) -> bool:
         if self._fused is None and training and _has_running_stats(self.model):
-            self._fused = False
+            self._in_turn("BatchNorm updates its running statistics")
         return self._fused is not False
 
     def _arm(self, last: bool) -> None:
@@ -169,7 +213,7 @@ class LocalReplicaRunner(ReplicaRunner):
         inputs: list[torch.Tensor],
         batch: Batch,
         *,
-        scale: float | None,
+        scale: float | torch.Tensor | None,
         last: bool,
         keep: bool,
     ) -> Any:
@@ -198,8 +242,13 @@ class LocalReplicaRunner(ReplicaRunner):
                 (marked[0], True) if marked[0] is not None else loss_path(out, replicas=True)
             )
             losses = loss_at(out, path, is_marked, replicas=True)
-            # d(scale * sum(losses)) / d(losses) = scale, without the two extra ops
-            losses.backward(torch.full_like(losses, scale))  # type: ignore[no-untyped-call]
+            # d(scale * sum(losses)) / d(losses) = scale, without the two extra ops; a
+            # captured step reads the scale from a device tensor: the same values
+            if isinstance(scale, torch.Tensor):
+                seed = scale.to(losses.dtype).expand(losses.shape).contiguous()
+            else:
+                seed = torch.full_like(losses, scale)
+            losses.backward(seed)  # type: ignore[no-untyped-call]
         return detach_own(out) if keep else None  # laid out later, after the update
 
     def _one_by_one(
@@ -284,12 +333,16 @@ def make_runner(
     zero_grad: Callable[[], None] | None = None,
     staged: bool | None = None,
     device_type: str = "cpu",
+    graphs: GraphedSteps | None = None,
+    stage_gpus: int | None = None,
 ) -> ReplicaRunner:
     """The runner for ``model`` under ``options``; ``zero_grad`` restarts an update.
 
     ``staged`` forces the choice (the executor stages a model whose first forward placed
     ``Block`` contexts); by default a model is staged when :func:`uses_stages` says so.
-    ``device_type`` is where the replicas compute (``torch.autocast``'s device).
+    ``device_type`` is where the replicas compute (``torch.autocast``'s device);
+    ``graphs`` captures the local replicas' fused training step; ``stage_gpus`` is how many
+    GPUs the stages may use (``None``: every GPU the process sees).
     """
     if not (uses_stages(model, options) if staged is None else staged):
         autocast = None
@@ -300,10 +353,12 @@ def make_runner(
             def autocast() -> contextlib.AbstractContextManager[Any]:
                 return torch.autocast(device_type=device_type, dtype=dtype)
 
-        return LocalReplicaRunner(model, reducer, zero_grad, autocast)
+        return LocalReplicaRunner(model, reducer, zero_grad, autocast, graphs)
     from popdist_torch.pipeline import StageRunner
 
     # Under poprun: --ipus-per-replica; otherwise (None) as many devices as the stages
     # name, which the runner learns when it splits the model (auto-staging included).
-    stages = StageRunner(model, options.execution_strategy, num_devices=options.ipus_per_replica)
+    stages = StageRunner(
+        model, options.execution_strategy, num_devices=options.ipus_per_replica, gpus=stage_gpus
+    )
     return StageReplicaRunner(model, reducer, stages)

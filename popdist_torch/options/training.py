@@ -1,10 +1,10 @@
-"""``opts.Training``: gradient accumulation and how gradients are reduced."""
+"""``opts.Training``: gradient accumulation, how gradients are reduced, the captured step."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from popdist.env import PopdistError, read_deterministic_reduction
+from popdist.env import PopdistError, read_cuda_graphs, read_deterministic_reduction
 from popdist_torch.enums import MeanReductionStrategy, ReductionType
 from popdist_torch.errors import OptionsError
 from popdist_torch.options.group import OptionGroup, install_setters
@@ -24,6 +24,7 @@ class TrainingOptions(OptionGroup):
         self._gradient_accumulation = 1
         self._reduction = ReductionType.Mean
         self._deterministic: bool | None = None  # None: poprun --deterministic-reduction
+        self._cuda_graphs: bool | None = None  # None: the environment's, else on
 
     @property
     def gradient_accumulation(self) -> int:
@@ -74,6 +75,32 @@ class TrainingOptions(OptionGroup):
         self._deterministic = enabled
         return self
 
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the training micro-step may be captured in a CUDA graph (on a GPU).
+
+        ``cudaGraphs()``'s value, else the environment's (:func:`popdist.env.read_cuda_graphs`:
+        :data:`popdist.env.CUDA_GRAPHS` set to ``0`` turns it off), else True.
+        """
+        if self._cuda_graphs is not None:
+            return self._cuda_graphs
+        try:
+            return read_cuda_graphs()
+        except PopdistError as exc:
+            raise OptionsError(str(exc)) from None
+
+    def cudaGraphs(self, enabled: bool = True) -> TrainingOptions:
+        """Capture the fused training micro-step in a CUDA graph (project extension).
+
+        On by default where it gives the eager step's numbers (docs/executor.md); ``False``
+        runs every step eagerly, as :data:`popdist.env.CUDA_GRAPHS` set to ``0`` does.
+        """
+        self._check_mutable("cudaGraphs")
+        if not isinstance(enabled, bool):
+            raise OptionsError(f"Training.cudaGraphs({enabled!r}): expected True or False")
+        self._cuda_graphs = enabled
+        return self
+
     def gradientAccumulation(self, gradient_accumulation: int) -> TrainingOptions:
         """Accumulate the gradients of this many micro-batches per weight update."""
         self._check_mutable("gradientAccumulation")
@@ -105,4 +132,5 @@ class TrainingOptions(OptionGroup):
             "accumulation_and_replication_reduction_type": self._reduction,
             "meanAccumulationAndReplicationReductionStrategy": MeanReductionStrategy.Post,
             "deterministic_reduction": self.deterministic_reduction,
+            "cuda_graphs": self.cuda_graphs,
         }

@@ -44,6 +44,7 @@ from popdist_torch.pipeline.schedule import (
     pipeline_ops,
     record_schedule,
     sharded_order,
+    stage_devices,
 )
 
 __all__ = [
@@ -72,5 +73,6 @@ __all__ = [
     "record_schedule",
     "removeBlocks",
     "sharded_order",
+    "stage_devices",
     "watch_blocks",
 ]

@@ -209,12 +209,21 @@ class _Exchange:
             self._cond.notify_all()
 
 
-def default_devices(num_devices: int) -> list[torch.device]:
-    """A replica's devices: GPUs when present (round-robin), otherwise CPU workers."""
-    if torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        return [torch.device("cuda", i % count) for i in range(num_devices)]
-    return [torch.device("cpu")] * num_devices
+def stage_devices(num_devices: int, gpus: int, first: int = 0) -> list[torch.device]:
+    """Where a replica's devices ``0 … num_devices − 1`` are (pure): its GPUs from ``first``
+    on, one each, shared round-robin when there are fewer ``gpus`` than devices (with one
+    GPU every stage is on ``cuda:0``); CPU workers without a GPU."""
+    if gpus < 1:
+        return [torch.device("cpu")] * num_devices
+    return [torch.device("cuda", (first + i) % gpus) for i in range(num_devices)]
+
+
+def default_devices(num_devices: int, gpus: int | None = None) -> list[torch.device]:
+    """A replica's devices on ``gpus`` GPUs (the executor's plan says how many it may use;
+    ``None``: every GPU this process sees)."""
+    if gpus is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return stage_devices(num_devices, gpus)
 
 
 class StageRunner:
@@ -223,7 +232,8 @@ class StageRunner:
     ``strategy`` is a ``PipelinedExecution`` or ``ShardedExecution`` (``None``: one
     stage per block, pipelined).  ``num_devices`` is the replica's device count
     (``--ipus-per-replica``; ``None``: as many as the stages' ipu ids need);
-    ``devices`` overrides where device ``i`` is.  On CPU each device is a worker
+    ``devices`` overrides where device ``i`` is; ``gpus``: how many GPUs the devices may
+    use (:func:`stage_devices`; ``None``: every GPU the process sees).  On CPU each device is a worker
     thread limited to ``threads_per_device`` intra-op threads (default: torch's thread
     count divided by the number of devices).  ``staging="eager"`` stages at the block
     boundaries as the model runs even where torch.fx could trace it (tests, benchmarks).
@@ -239,6 +249,7 @@ class StageRunner:
         threads_per_device: int | None = None,
         profile: bool = False,
         staging: Literal["auto", "eager"] = "auto",
+        gpus: int | None = None,
     ) -> None:
         if staging not in ("auto", "eager"):
             raise PipelineError(f"staging={staging!r} is not one of 'auto', 'eager'")
@@ -250,6 +261,7 @@ class StageRunner:
         self.strategy = strategy
         self.num_devices = num_devices
         self._given_devices = list(devices) if devices is not None else None
+        self._gpus = gpus
         self._threads = threads_per_device
         self.devices: list[torch.device] = []
         self.threads_per_device = 1
@@ -271,7 +283,9 @@ class StageRunner:
                     f"a stage needs device {count - 1} but this runner has {len(self.devices)}"
                 )
             return
-        devices = self._given_devices if self._given_devices is not None else default_devices(count)
+        devices = self._given_devices
+        if devices is None:
+            devices = default_devices(count, self._gpus)
         if len(devices) < count:
             raise PipelineError(f"{len(devices)} devices given for {count} devices per replica")
         self.devices = devices[:count]

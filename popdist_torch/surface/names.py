@@ -24,7 +24,7 @@ giving it ``no_op(..., record=lambda <its arguments>: <value kept>)``.
 
 from __future__ import annotations
 
-from popdist.env import POPTORCH_MODULES
+from popdist.env import CUDA_GRAPHS, POPTORCH_MODULES
 from popdist_torch.enums import HalfFloatCastingBehavior, MeanReductionStrategy
 from popdist_torch.surface.rows import Row, no_op, refused, supported, whole_number
 
@@ -198,6 +198,8 @@ GROUPS: tuple[Row, ...] = (
     no_op(T, "setMeanAccumulationAndReplicationReductionStrategy", "PopTorch chooses when a mean divides; the executor sums then divides once, which every strategy gives", lambda strategy: MeanReductionStrategy(strategy), key="meanAccumulationAndReplicationReductionStrategy"),
     supported(T, "deterministicReduction", "project extension, not PopTorch's: the sum over replicas is the same bits whatever the split over instances and local replicas (as `poprun --deterministic-reduction`; [executor.md](executor.md))"),
     supported(T, "deterministic_reduction", "project extension: read whether the deterministic reduction is on"),
+    supported(T, "cudaGraphs", "project extension, not PopTorch's: `False` runs every training step eagerly on a GPU instead of replaying the captured micro-step (as `" + CUDA_GRAPHS + "=0`; [executor.md](executor.md))"),
+    supported(T, "cuda_graphs", "project extension: read whether the training micro-step may be captured in a CUDA graph"),
     no_op(T, "setConvolutionDithering", "an IPU tile-placement choice", lambda enabled: bool(enabled)),
     no_op(T, "setAutomaticLossScaling", "PopTorch adapts a loss scale to keep float16 gradients in range; here float16 models keep float32 optimizer state and updates, and a fixed scale is the optimizer's `loss_scaling`", lambda enabled: bool(enabled), key="automatic_loss_scaling"),
     supported(D, "configureProcessId"),

@@ -118,6 +118,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
     "Training.accumulationAndReplicationReductionType": ((poptorch.ReductionType.Sum,), "set"),
     "Training.gradientAccumulation": ((4,), "set"),
     "Training.deterministicReduction": ((True,), "set"),
+    "Training.cudaGraphs": ((False,), "set"),
     "Training.setAutomaticLossScaling": ((True,), "no-op"),
     "Training.setConvolutionDithering": ((True,), "no-op"),
     "Training.setMeanAccumulationAndReplicationReductionStrategy": (
@@ -166,6 +167,7 @@ OPTION_CALLS: dict[str, tuple[tuple[Any, ...], str]] = {
             "Training.accumulation_and_replication_reduction_type",
             "Training.meanAccumulationAndReplicationReductionStrategy",
             "Training.deterministic_reduction",
+            "Training.cuda_graphs",
             "Distributed.num_distributed_processes",
             "Distributed.distributed_process_id",
         )
