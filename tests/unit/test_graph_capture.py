@@ -254,6 +254,31 @@ def test_a_short_last_batch_gets_a_graph_of_its_own(monkeypatch: pytest.MonkeyPa
     assert backend.captures == 2  # the full batch at call 3, the short one at its third call
 
 
+class Weighted(Mlp):
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, y: torch.Tensor, weight: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, loss = super().forward(x, y)
+        return out, loss * weight
+
+
+def test_a_new_non_tensor_argument_is_a_new_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay would keep the captured Python float: another value gets a graph of its own."""
+    weights = [1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1.0]
+    results = []
+    for graphs in (False, True):
+        with cpu_graphs(monkeypatch, graphs):
+            torch.manual_seed(1)
+            model = Weighted()
+            wrapped = poptorch.trainingModel(model, layout(1, 1, 2)(), OPTIMIZERS["adamw"](model))
+            outs = [wrapped(*batch(4, call), w) for call, w in enumerate(weights)]
+            results.append((outs, [p.detach().clone() for p in model.parameters()], wrapped))
+    (eager_out, eager_w, _), (out, weights_after, wrapped) = results
+    assert all(same(a, b) for a, b in zip(eager_out, out, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(eager_w, weights_after, strict=True))
+    assert backend_of(wrapped).captures == 2
+
+
 def test_an_unused_parameter_gets_no_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
     backend = check_equal(
         monkeypatch, opts=layout(2, 1, 2), optimizer=OPTIMIZERS["adamw"], model=lambda: Mlp(True)
