@@ -12,14 +12,14 @@ named exactly.
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Callable, Iterable, Sequence
 
 #: A report lists each instance up to this many, and summarises past it.
 THRESHOLD = 16
 #: ... naming this many of them (the slowest, the first, the ones that matter).
 TOP = 8
-_NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
+#: A host name that ends in a number: (prefix, digits, suffix).
+_NUMBERED = r"^(.*?)(\d+)(\D*)$"
 
 
 def count(n: int, word: str) -> str:
@@ -80,7 +80,7 @@ def hosts(names: Iterable[str], most: int = TOP) -> str:
     ``most`` and how many more hosts."""
     runs: list[_Run] = []
     for name in dict.fromkeys(names):
-        match = _NUMBERED.match(name)
+        match = re.match(_NUMBERED, name)  # (re caches the compiled pattern)
         if match is None:
             runs.append(_Run(name))
             continue
@@ -99,6 +99,8 @@ def spread(values: Sequence[float], show: Callable[[float], str]) -> str:
     none."""
     if not values:
         return "-"
+    import statistics  # here: it costs a launch ~5 ms (decimal, fractions), and few reports need it
+
     low, high = min(values), max(values)
     if show(low) == show(high):
         return show(low)

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from popdist.env import split_replicas
-from poprun import summary
 from poprun.config.run_config import RunConfig
 from poprun.plan.engines.allocation import JobAllocation
 
@@ -142,6 +141,8 @@ def _ranges(values: range | tuple[int, ...]) -> str:
 def render(topology: Topology) -> str:
     """A table of hosts, instances, replicas and devices for ``--print-topology``: a row per
     instance, or past :data:`poprun.summary.THRESHOLD` instances a row per run of alike hosts."""
+    from poprun import summary  # (--print-topology only)
+
     header: tuple[str, ...] = ("host", "instance", "local", "replicas", "devices", "numa")
     if summary.summarised(len(topology.instances)):
         header, rows = (
@@ -181,6 +182,8 @@ def render(topology: Topology) -> str:
 def _host_rows(topology: Topology) -> list[tuple[str, ...]]:
     """One row per run of consecutive hosts alike (instances, local replicas, NUMA nodes of
     each local instance); past :data:`poprun.summary.TOP` rows, the rest as one."""
+    from poprun import summary
+
     runs: list[tuple[tuple[object, ...], list[InstancePlan]]] = []
     host = None
     for plan in topology.instances:
@@ -204,6 +207,8 @@ def _host_rows(topology: Topology) -> list[tuple[str, ...]]:
 
 
 def _row(group: list[InstancePlan], *, more: bool = False) -> tuple[str, ...]:
+    from poprun import summary
+
     names = [p.host for p in group]
     hosts = summary.hosts(names, most=3)
     if more:
