@@ -226,6 +226,26 @@ def test_a_parameter_frozen_mid_run_is_captured_again(monkeypatch: pytest.Monkey
     assert backend.captures == 2  # calls 3 and 7 (after two eager calls with the new guard)
 
 
+def test_a_parameter_frozen_between_the_warm_up_and_the_capture(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The warm-up calls count under the guard the capture bakes in: the frozen parameter
+    gets no .grad buffer (weight decay would move it)."""
+
+    def between(call: int, module: nn.Module, opt: torch.optim.Optimizer) -> None:
+        if call == 1:
+            module.fc1.bias.requires_grad_(False)  # type: ignore[union-attr]
+
+    backend = check_equal(
+        monkeypatch,
+        opts=layout(1, 1, 2),
+        optimizer=OPTIMIZERS["sgd-momentum-decay"],
+        sizes=[2] * 6,
+        between=between,
+    )
+    assert backend.captures == 1  # at call 5, after two eager calls with the frozen bias
+
+
 def test_moved_parameters_and_a_module_in_eval_mode_fail_the_guard(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

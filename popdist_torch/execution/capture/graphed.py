@@ -88,7 +88,7 @@ class GraphedSteps:
         self._params = list(model.parameters())
         self._modules = list(model.modules())
         self._graphs: OrderedDict[Signature, _Captured] = OrderedDict()
-        self._warm: dict[Signature, int] = {}
+        self._warm: dict[Signature, tuple[tuple[Any, ...], int]] = {}  # guard, eager calls
         self._grads_seen: dict[Signature, tuple[int, ...]] = {}
         self._buffers: dict[int, torch.Tensor] = {}  # parameter index -> its .grad buffer
         self._watched = False
@@ -123,11 +123,13 @@ class GraphedSteps:
                 self._now = captured
                 return
             del self._graphs[key]  # a parameter moved, a mode or a hook changed: warm up again
-            self._warm[key] = 0
-        if fused and self._warm.get(key, 0) >= WARMUP_CALLS and key in self._grads_seen:
+        seen, count = self._warm.get(key, (guard, 0))
+        if seen != guard:  # warm-up calls count under the guard the capture will bake in
+            count = 0
+        if fused and count >= WARMUP_CALLS and key in self._grads_seen:
             self._capture_guard = guard
             return
-        self._warm[key] = self._warm.get(key, 0) + 1
+        self._warm[key] = (guard, count + 1)
         self._warming = True
 
     def _signature(self, batch: Batch) -> Signature | None:
