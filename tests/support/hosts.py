@@ -51,6 +51,8 @@ SUBNET = "10.77.0"
 #: Namespace names: ``pdh<pid of the creating process>_<set>-<host>``; a set whose creator
 #: is dead is stale (its creator was killed) and the next set made removes it.
 PREFIX = "pdh"
+#: State directories (keys, configurations, logs): ``popdist-hosts-<creator's pid>-*``.
+STATE_PREFIX = "popdist-hosts-"
 _made = 0
 #: A host name every host resolves (to an unused address) but whose sshd refuses: the
 #: unreachable host. ssh reaches it on port 9 of h1, where nothing listens.
@@ -124,12 +126,18 @@ def _kill_namespace(namespace: str) -> None:
 
 
 def remove_stale() -> list[str]:
-    """Delete namespace sets whose creating process is gone; return their names."""
+    """Delete namespace sets, and their state directories, whose creating process is gone;
+    return their names."""
+    stale = []
+    for state in Path(tempfile.gettempdir()).glob(f"{STATE_PREFIX}*-*"):
+        match = re.fullmatch(rf"{STATE_PREFIX}(\d+)-\w+", state.name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(state, ignore_errors=True)
+            stale.append(state.name)
     try:
         names = [line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line]
     except RuntimeError:
-        return []
-    stale = []
+        return stale
     for name in names:
         match = re.fullmatch(rf"{PREFIX}(\d+)_\d+-\w+", name)
         if match and not _alive(int(match.group(1))):
@@ -171,7 +179,7 @@ class Hosts:
         self.addresses = {name: f"{SUBNET}.{10 + k}" for k, name in enumerate(self.names, 1)}
         self.aliases = {name: list((aliases or {}).get(name, ())) for name in self.names}
         self.private_dirs = tuple(private_dirs)
-        self.state = Path(tempfile.mkdtemp(prefix="popdist-hosts-"))
+        self.state = Path(tempfile.mkdtemp(prefix=f"{STATE_PREFIX}{os.getpid()}-"))
         global _made
         _made += 1
         self._tag = f"{PREFIX}{os.getpid()}_{_made}"
