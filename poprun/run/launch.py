@@ -17,6 +17,7 @@ before it. Every later attempt is started the same way, by the supervisor.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -161,7 +162,7 @@ def _start_mpirun(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Pop
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
     )
     for pipe in (proc.stdout, proc.stderr):
         assert pipe is not None
@@ -177,9 +178,11 @@ def _wake_pair() -> tuple[socket.socket, socket.socket]:
     return wake_r, wake_w
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(parent: int) -> None:  # runs in the child between fork and exec
+    """SIGTERM when poprun (``parent``) dies; gone already: exit. Compared with poprun's own
+    pid, not with 1: poprun may be PID 1 itself (a container's command)."""
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() == 1:  # the parent already died
+    if os.getppid() != parent:  # the parent already died
         os._exit(1)

@@ -312,7 +312,8 @@ def test_poprun_as_the_containers_pid_1(clean_pj: Pods, tmp_path: Path) -> None:
     poprun = _children(proc.pid)  # unshare's child: poprun, PID 1 in its namespace
     assert len(poprun) == 1, poprun
     status = Path(f"/proc/{poprun[0]}/status").read_text()
-    assert "NSpid:" in status and status.split("NSpid:")[1].split()[-1] == "1", status
+    nspid = next(line for line in status.splitlines() if line.startswith("NSpid:"))
+    assert nspid.split()[-1] == "1", nspid  # its pid in its own (innermost) namespace
     first = _zombies(poprun[0])
     time.sleep(2.0)  # a zombie seen twice, 2 s apart, is one PID 1 did not reap
     assert first & _zombies(poprun[0]) == set()
