@@ -629,12 +629,26 @@ def _real_models() -> list[Goal]:
     ]  # fmt: skip
 
 
+def _progress_share(data: Any) -> Sequence[float]:
+    """Progress reporting's CPU share on the fast step, round by round: the reporter thread's
+    measured share of the round, plus the hot path's (its instructions, timed: the
+    benchmark's ``expected_ratio``)."""
+    model = data["models"]["mlp-small"]
+    hot = 1.0 - float(model["hot_path"]["expected_ratio"])
+    return [float(share) + hot for share in model["within"]["reporter"]]
+
+
 def _progress() -> list[Goal]:
-    goals = []
+    goals = [
+        noise_floor(
+            "issues 33, 53: progress reporting on a fast step (small MLP, 2 instances)",
+            "progress-overhead", _progress_share, listed("models", "mlp-small", "within", "ratios"),
+            "{share:.2%} of a step (reporter thread + hot path, median of rounds); on / off "
+            "{ab:.3f} (spread {ab_spread:.3f}, n={ab_n})", optional=True),
+    ]  # fmt: skip
     for model, threshold, title in (
         ("mlp", 0.98, "issue 27: MLP training, 2 instances,"),
         ("cnn", 0.98, "issue 27: CNN training, 2 instances,"),
-        ("mlp-small", 0.99, "issue 33: fast step (small MLP, 2 instances, ≥ 20,000 samples/s),"),
     ):
 
         def md(case: str, model: str = model) -> Figure:
@@ -668,17 +682,125 @@ def _deterministic() -> list[Goal]:
     return goals
 
 
+#: Issue 53's rule for a cost at the noise floor: two shared cores cannot resolve a 1 % A/B
+#: (its spread is about that), so such a cost is judged by the CPU it takes, which /proc (or
+#: an instruction count) measures to a fraction of that; the A/B ratio is still stated
+#: beside it, with its spread, and must not fall below this.
+NOISE_FLOOR_AB = 0.98
+#: ... and the share of the CPU such a cost may take, in per cent.
+NOISE_FLOOR_SHARE = 1.0
+
+
+def noise_floor(
+    title: str, source: str, share: Rounds, ab: Rounds, detail: str, **kw: Any
+) -> Goal:
+    """A goal on a cost the A/B cannot resolve (issue 53): the median of its per-round CPU
+    share ``share`` (a fraction) ≤ :data:`NOISE_FLOOR_SHARE` per cent with margin, the A/B
+    throughput ratio ``ab`` (its per-round figures) stated beside it and at least
+    :data:`NOISE_FLOOR_AB`. ``detail`` may use ``{share}`` (a fraction), ``{ab}``,
+    ``{ab_spread}``, ``{ab_n}``."""
+
+    def percent(data: Any) -> Sequence[float]:
+        return [100 * x for x in share(data)]
+
+    fields = {
+        "share": median_of(share),
+        "ab": median_of(ab),
+        "ab_spread": lambda d: spread(ab(d)) or 0.0,
+        "ab_n": lambda d: len(ab(d)),
+        **kw.pop("fields", {}),
+    }
+    return Goal(
+        f"{title}: CPU share ≤ {NOISE_FLOOR_SHARE:g} % (A/B ≥ {NOISE_FLOOR_AB} beside it)",
+        source, median_of(percent), NOISE_FLOOR_SHARE, "≤", detail, fields, rounds=percent,
+        also=lambda d: statistics.median(ab(d)) >= NOISE_FLOOR_AB, **kw,
+    )  # fmt: skip
+
+
+def _page_share(data: Any) -> Sequence[float]:
+    """The status page's CPU share, round by round: what the browser (receiving, parsing,
+    drawing) and poprun (answering; at least its measured serving time) take more a second
+    with the page on than off, over the job's two busy cores."""
+    cpu, per = data["cpu"], int(data.get("per_round", 1))
+    whole = len(cpu["browser_on"]) // per * per
+    out = []
+    for k in range(0, whole, per):
+        def more(who: str, k: int = k) -> float:
+            on, off = cpu[f"{who}_on"][k : k + per], cpu[f"{who}_off"][k : k + per]
+            return max(0.0, statistics.fmean(on) - statistics.fmean(off))
+
+        out.append((more("browser") + max(more("poprun"), float(data["serve_s"]))) / 2)
+    return out
+
+
 def _status_page() -> list[Goal]:
     return [
-        Goal("issue 32: training with the status page open (a refresh a second) ≥ 0.99× closed",
-             "status-page", at("ratio"), 0.99, "≥",
-             "{a:.0f} vs {b:.0f} samples/s (median over rounds of {k:.0f} window pairs, "
-             "{n:.0f} pairs within one launch; the page's CPU alone: {c:.2%})",
-             {"a": lambda d: statistics.median(d["rates"]["on"]),
-              "b": lambda d: statistics.median(d["rates"]["off"]),
-              "n": at("pairs"), "k": lambda d: d.get("per_round", 1),
-              "c": at("expected_cost")},
-             optional=True, rounds=listed("ratios")),  # needs Chromium
+        noise_floor(
+            "issues 32, 53: the status page open (a refresh a second)", "status-page",
+            _page_share, listed("ratios"),
+            "{share:.2%} of the 2 cores (median of rounds); training on / off {ab:.3f} "
+            "(spread {ab_spread:.3f}, n={ab_n}), {a:.0f} vs {b:.0f} samples/s",
+            fields={"a": lambda d: statistics.median(d["rates"]["on"]),
+                    "b": lambda d: statistics.median(d["rates"]["off"])},
+            optional=True),  # needs Chromium
+    ]  # fmt: skip
+
+
+def _scale() -> list[Goal]:
+    """Issue 53: the command's size, the plan's time, 256 light instances against bare
+    mpirun, poprun's CPU per instance, the time to a verdict."""
+    biggest = lambda d: str(max(map(int, d["plan"])))  # noqa: E731
+
+    def argv_kb(d: Any) -> list[float]:
+        return [d["plan"][n]["argv_bytes"] / 1024 for n in d["plan"]]
+
+    def ends(n: str) -> Rounds:
+        pop, bare = (listed("launch", "trivial", n, who, "end_s") for who in ("poprun", "mpirun"))
+        return per_round(pop, bare)
+
+    def cpu_each(d: Any) -> list[float]:
+        at256, at16 = (listed("launch", "trivial", n, "poprun", "cpu_s")(d) for n in ("256", "16"))
+        return [(a / 256) / (b / 16) for a, b in zip(at256, at16, strict=True)]
+
+    def verdicts(d: Any) -> list[float]:
+        out = []
+        for kind in ("hang", "lost"):
+            times = d["verdict"][kind]
+            first = times[min(times, key=int)]["verdict_s"]
+            out += [times[h]["verdict_s"] / first for h in times]
+        return out
+
+    trivial = ("launch", "trivial")
+    return [
+        Goal("issue 53: mpirun's argv ≤ 128 KB at any size (up to 16,384 instances, 2,048 hosts)",
+             "scale", lambda d: max(argv_kb(d)), 128.0, "≤",
+             "{kb:.1f} KB at {n} instances (an app context per instance: {before:,.0f} KB)",
+             {"kb": lambda d: max(argv_kb(d)), "n": biggest,
+              "before": lambda d: d["plan"][biggest(d)]["per_instance_argv_bytes"] / 1024},
+             rounds=argv_kb, bound=True),
+        Goal("issue 53: plan + render of 16,384 instances (2,048 hosts) ≤ 1 s", "scale",
+             median_of(listed("plan", "16384", "seconds")), 1.0, "≤",
+             "{s:.3f} s (median; values → argv in one process)",
+             {"s": median_of(listed("plan", "16384", "seconds"))},
+             rounds=listed("plan", "16384", "seconds")),
+        Goal("issue 53: 256 light instances, poprun ≤ 1.2× bare mpirun's wall time", "scale",
+             median_of(ends("256")), 1.2, "≤", "{a:.2f} s vs {b:.2f} s (medians)",
+             {"a": median_at(*trivial, "256", "poprun", "end_s"),
+              "b": median_at(*trivial, "256", "mpirun", "end_s")}, rounds=ends("256")),
+        Goal("issue 53: poprun's CPU per instance at 256 ≤ 1.5× its figure at 16", "scale",
+             median_of(cpu_each), 1.5, "≤",
+             "{a:.1f} vs {b:.1f} ms an instance (fitted: {fit:.2f} ms an instance)",
+             {"a": lambda d: 1e3 * median_at(*trivial, "256", "poprun", "cpu_s")(d) / 256,
+              "b": lambda d: 1e3 * median_at(*trivial, "16", "poprun", "cpu_s")(d) / 16,
+              "fit": lambda d: 1e3 * d["fit"]["trivial"]["poprun"]["cpu_s"][1]},
+             rounds=cpu_each),
+        Goal("issue 53: time to a verdict (hang, lost host) on 512 hosts ≤ 1.05× on 8",
+             "scale", lambda d: max(verdicts(d)), 1.05, "≤",
+             "hang {h:.1f} s, lost host {l:.1f} s on every host count (simulated clock; "
+             "the figure is the worst ratio)",
+             {"h": lambda d: d["verdict"]["hang"]["512"]["verdict_s"],
+              "l": lambda d: d["verdict"]["lost"]["512"]["verdict_s"]},
+             rounds=verdicts, bound=True),
     ]  # fmt: skip
 
 
@@ -697,4 +819,5 @@ GOALS: tuple[Goal, ...] = (
     *_deterministic(),
     *_status_page(),
     *_real_models(),
+    *_scale(),
 )

@@ -41,8 +41,10 @@ from benchmarks._common import round_ratios, rounds_until_clear
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # goals
 
-#: The goal (issue 32): a refresh a second costs the job ≤ 1 %: on / off ≥ 0.99.
-GOAL = 0.99
+#: The goal (issues 32, 53): a refresh a second costs the job ≤ 1 %, judged by the CPU it
+#: takes (``goals.noise_floor``: a 2-core A/B cannot resolve 1 %); the A/B, stated beside
+#: it, must stay ≥ 0.98, and its rounds go on until it clears that with margin.
+GOAL = 0.98
 
 LOG_EVERY = 20
 TICK_S = os.sysconf("SC_CLK_TCK")
@@ -315,7 +317,8 @@ def main() -> None:
             "CPU a second more than with it off (medians over the windows; poprun's figure is "
             "within the noise of the progress records it parses). Taken from the job's two "
             f"busy cores, that CPU alone would cost it {expected_cost:.2%} of its throughput.",
-            f"Goal (issue 32): on / off ≥ {GOAL}.",
+            f"Goal (issues 32, 53): the page's CPU at most 1 % of the job's cores (the share "
+            f"above), with on / off ≥ {GOAL} beside it (`goals.noise_floor`).",
         ]
     )
     path = write_doc(

@@ -217,3 +217,21 @@ def test_the_gpu_goal_is_judged_but_counted_apart_from_make_bench() -> None:
         assert apart == ""
     else:
         assert "make gpu-check" in apart and "issue 19: GPU" in apart
+
+
+def test_a_cost_at_the_noise_floor_is_judged_by_its_cpu_with_the_ab_beside_it() -> None:
+    """Issue 53: the CPU share (per cent, with margin) decides; the A/B must stay ≥ 0.98."""
+    from goals import noise_floor
+
+    def results(shares: list[float], ab: list[float]) -> dict[str, object]:
+        return {"bench": {"share": shares, "ab": ab}}
+
+    goal = noise_floor("a cost", "bench", listed("share"), listed("ab"),
+                       "{share:.2%}; A/B {ab:.3f} (spread {ab_spread:.3f}, n={ab_n})")  # fmt: skip
+    cheap = evaluate(goal, results([0.004, 0.005, 0.006, 0.005], [0.97, 1.0, 0.99, 1.01]))
+    assert cheap is not None and cheap.met is True and cheap.value == pytest.approx(0.5)
+    assert cheap.detail == "0.50%; A/B 0.995 (spread 0.032, n=4)"
+    slow_ab = evaluate(goal, results([0.004, 0.005, 0.006, 0.005], [0.96, 0.97, 0.97, 0.99]))
+    assert slow_ab is not None and slow_ab.passed is False  # the A/B fell below 0.98
+    dear = evaluate(goal, results([0.009, 0.010, 0.011, 0.012], [1.0, 1.0, 1.0, 1.0]))
+    assert dear is not None and dear.met is False
