@@ -239,6 +239,7 @@ class Membership:
         """Hosts to ask now (each is then marked as being asked until :meth:`answered`)."""
         now = self.clock()
         due = []
+        members = set(self.members)  # one set a call: a tuple's `in` per host is O(hosts²)
         for host in self.hosts:
             state = self._state[host]
             if state.probing or host == self.launch_host:
@@ -247,7 +248,7 @@ class Membership:
                 wanted = self.readmit and not state.back and state.losses < self.max_losses
                 every = READMIT_EVERY_S
             else:
-                wanted = host in self.members and now - state.heard_at >= SILENT_S
+                wanted = host in members and now - state.heard_at >= SILENT_S
                 every = PROBE_EVERY_S
             asked = state.asked and not state.out
             if asked or (wanted and (state.probed_at is None or now - state.probed_at >= every)):
@@ -267,7 +268,10 @@ class Membership:
         return tuple(self._losses)
 
     def returning(self) -> tuple[str, ...]:
-        """Lost hosts that answer again and may rejoin (``--readmit``)."""
+        """Lost hosts that answer again and may rejoin (``--readmit``; the policy asks at
+        every turn: nothing to walk without it)."""
+        if not self.readmit:
+            return ()
         return tuple(h for h in self.hosts if self._state[h].out and self._state[h].back)
 
     def is_out(self, host: str) -> bool:
@@ -280,6 +284,7 @@ class Membership:
     def next_time(self) -> float | None:
         """When :meth:`to_probe` may next have something to do (None: nothing to wait for)."""
         times = []
+        members = set(self.members)
         for host in self.hosts:
             state = self._state[host]
             if state.probing or host == self.launch_host:
@@ -289,7 +294,7 @@ class Membership:
             elif state.out:
                 if self.readmit and not state.back and state.losses < self.max_losses:
                     times.append((state.probed_at or 0.0) + READMIT_EVERY_S)
-            elif host in self.members:
+            elif host in members:
                 at = state.heard_at + SILENT_S
                 if state.probed_at is not None:
                     at = max(at, state.probed_at + PROBE_EVERY_S)
