@@ -82,7 +82,7 @@ def _run(
     pool = device_pool(environ)
     check_pool(topology, pool)
     local_only = config.allocation.local_only if config.allocation is not None else frozenset()
-    argv_for = _argv_builder(mpirun, environ, numactl, pool, local_only)
+    argv_for = _argv_builder(mpirun, environ, numactl, pool, local_only, _setpriv(config, environ))
     argv = argv_for(config, topology)
     if config.vipu:
         names = ", ".join(option_name(k) for k, _ in config.vipu)
@@ -124,12 +124,24 @@ def _announce(config: RunConfig) -> None:
         sys.stderr.flush()
 
 
+def _setpriv(config: RunConfig, environ: Mapping[str, str]) -> str | None:
+    """Across hosts: ``setpriv`` with ``--pdeathsig`` where this host has it (a job on this
+    host alone asks for nothing: no process started on its launch path)."""
+    from poprun.plan.hosts import is_local
+    from poprun.plan.mpirun import find_setpriv
+
+    if all(is_local(host) for host in config.hosts):
+        return None
+    return find_setpriv(environ)
+
+
 def _argv_builder(
     mpirun: str,
     environ: Mapping[str, str],
     numactl: str | None,
     pool: Sequence[str] | None,
     local_only: frozenset[str] = frozenset(),
+    setpriv: str | None = None,
 ) -> Callable[[RunConfig, Topology], list[str]]:
     """``build_argv`` given all it reads from this machine (a plan on fewer hosts reuses it)."""
     from poprun.plan.environment import forwarded_names
@@ -146,6 +158,7 @@ def _argv_builder(
         user_mca=mca_from_environment(environ),
         device_pool=pool,
         fabric_here=bool(local_devices()),
+        setpriv=setpriv,
     )
 
 

@@ -122,6 +122,9 @@ from poprun.plan.topology import Topology
 
 #: The first line each instance writes to its stderr, before exec'ing the program.
 PID_MARKER = b"\x1fpoprun-pid="
+#: The wrappers' own variables, set in every context (job-wide, O(1)) and unset before the
+#: program starts: ``setpriv``'s path, and the variables to unset on other hosts.
+PDEATHSIG, UNSET = "POPRUN_PDEATHSIG", "POPRUN_UNSET"
 #: Where poprun made FIFOs for this instance (``poprun.run.output.fifos``), the wrapper points
 #: its stdout and stderr at them; everywhere else mpirun forwards them.
 _DIRECT = (
@@ -129,7 +132,12 @@ _DIRECT = (
     'if [ -n "$d" ] && [ -p "$f.stderr" ]; then exec >"$f.stdout" 2>"$f.stderr"; fi; '
 )
 _PID_AND_EXEC = 'trap "" USR1; printf "\\037poprun-pid=%d\\n" "$$" >&2; exec "$@"'
-WRAPPER: tuple[str, ...] = ("/bin/sh", "-c", _DIRECT + _PID_AND_EXEC, "poprun-instance")
+WRAPPER: tuple[str, ...] = (
+    "/bin/sh",
+    "-c",
+    f"unset {PDEATHSIG} {UNSET}; {_DIRECT}{_PID_AND_EXEC}",
+    "poprun-instance",
+)
 #: The last line an instance on another host writes to its stderr: how the program ended.
 EXIT_MARKER = b"\x1fpoprun-exit="
 #: ``$?`` of a program killed by a signal whose default is to end it (128 + N): HUP..STKFLT
@@ -140,11 +148,22 @@ _REPORT_EXIT = (
     'printf "\\037poprun-exit=%d %s\\n" "$r" "$(date +%s.%N)" >&3; '
     'trap - HUP INT TERM; case $r in -*) kill "$r" "$$";; esac; exit "$s"'
 )
+#: On another host the program dies with its wrapper, and the wrapper with Open MPI's
+#: daemon (``setpriv --pdeathsig KILL``, where poprun found it: ``$POPRUN_PDEATHSIG``): a
+#: daemon killed outright (a scheduler's ``qdel``) leaves no instance behind. Before that the
+#: engine's node-only variables its start carried over are unset (``$POPRUN_UNSET``).
+_REMOTE_EXEC = (
+    '_prZ=$_prP; unset _prP; trap "" USR1; printf "\\037poprun-pid=%d\\n" "$$" >&2; '
+    'if [ -n "$_prZ" ]; then exec "$_prZ" --pdeathsig KILL "$@"; fi; exec "$@"'
+)
 REMOTE_WRAPPER: tuple[str, ...] = (
     "/bin/sh",
     "-c",
+    f'_prP=${PDEATHSIG}; for _prU in ${UNSET}; do unset "$_prU"; done; '
+    f"unset {PDEATHSIG} {UNSET} _prU; "
     'trap true HUP INT TERM; trap "" USR1; exec 3>&2 2>/dev/null; '
-    f"/bin/sh -c 'exec 2>&3 3>&-; {_PID_AND_EXEC}' poprun-instance \"$@\"; {_REPORT_EXIT}",
+    f"_prP=$_prP /bin/sh -c 'exec 2>&3 3>&-; {_REMOTE_EXEC}' poprun-instance \"$@\"; "
+    f"{_REPORT_EXIT}",
     "poprun-instance",
 )
 #: What every instance starts as: its values worked out from its rank
@@ -171,6 +190,21 @@ ALLREDUCE_MCA: tuple[tuple[str, str], ...] = (
 #: ... and when the instances' threads (compute + Horovod's) outnumber the cores.
 YIELD_MCA: tuple[str, str] = ("mpi_yield_when_idle", "1")
 _MCA_FLAGS = frozenset({"--mca", "-mca", "--gmca", "-gmca"})
+
+
+def find_setpriv(environ: Mapping[str, str]) -> str | None:
+    """util-linux's ``setpriv``, if it is on PATH and knows ``--pdeathsig`` (2.33 and later;
+    its option table is in the program itself, read here without running it). The hosts of
+    a job are taken to have the same tools as this one, as for the program's path."""
+    path = shutil.which("setpriv", path=environ.get("PATH", os.defpath))
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as program:
+            knows = b"pdeathsig" in program.read(4 << 20)
+    except OSError:
+        return None
+    return path if knows else None
 
 
 def find_mpirun(environ: Mapping[str, str]) -> str:
@@ -238,6 +272,7 @@ def build_argv(
     user_mca: frozenset[str] = frozenset(),
     device_pool: Sequence[str] | None = None,
     fabric_here: bool = True,
+    setpriv: str | None = None,
 ) -> list[str]:
     """The exact mpirun argv for this run (golden-tested): O(hosts) words, one app context
     per :class:`~poprun.plan.compact.Context` of the compact launch plan.
@@ -246,6 +281,8 @@ def build_argv(
     (``OMPI_MCA_<name>``); poprun's single-host defaults never override them.
     ``device_pool`` is the user's ``CUDA_VISIBLE_DEVICES`` (:mod:`poprun.plan.devices`).
     ``fabric_here``: whether this host has a fabric device (:mod:`poprun.plan.fabric`).
+    ``setpriv``: util-linux's ``setpriv`` with ``--pdeathsig`` (:func:`find_setpriv`), where
+    the hosts have it: across hosts each instance then dies with Open MPI's daemon.
     """
     user_global = config.global_args()
     argv = [mpirun, "--tag-output"]
@@ -267,7 +304,8 @@ def build_argv(
     exported: list[str] = []
     for name in sorted({*forwarded, *shared_values(config)}):
         exported += ["-x", name]
-    for name, value in job_values(launch).items():
+    guard = _remote_guards(topology, setpriv)
+    for name, value in {**job_values(launch), **guard}.items():
         exported += ["-x", f"{name}={value}"]
     for context in launch.contexts:
         if context.first:
@@ -277,8 +315,22 @@ def build_argv(
             argv += ["-H", host_list(context)]
         argv += exported
         argv += context.local_args
+        if PDEATHSIG in guard:  # the wrapper itself dies with Open MPI's daemon
+            argv += [guard[PDEATHSIG], "--pdeathsig", "KILL"]
         argv += [*INSTANCE_WRAPPER, *wrapper_args(launch, context), *config.program]
     return argv
+
+
+def _remote_guards(topology: Topology, setpriv: str | None) -> dict[str, str]:
+    """The remote wrapper's variables in a job across hosts: ``setpriv``'s path (the
+    instances die with their daemon) and the engine's variables to unset over there."""
+    if not topology.explicit_hosts or all(is_local(host) for host in topology.hosts):
+        return {}
+    guard = {PDEATHSIG: setpriv} if setpriv else {}
+    allocation = topology.allocation
+    if allocation is not None and allocation.launcher.unset_remote:
+        guard[UNSET] = " ".join(allocation.launcher.unset_remote)
+    return guard
 
 
 def _mca_names(args: Sequence[str]) -> set[str]:

@@ -3,11 +3,13 @@ against the per-instance values it replaced, and 128 light instances on this hos
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from poprun.config import run_config as cfg
 from poprun.plan import compact
 from poprun.plan.environment import instance_values
-from poprun.plan.mpirun import EXIT_MARKER, INSTANCE_WRAPPER, PID_MARKER, build_argv
+from poprun.plan.mpirun import EXIT_MARKER, INSTANCE_WRAPPER, PID_MARKER, build_argv, find_setpriv
 from poprun.plan.topology import on_hosts, plan
 from tests.support.gate import Gate
 from tests.support.jobs import ROOT, assert_no_descendants, job_env, poprun_argv
@@ -114,6 +116,71 @@ def test_an_instance_on_another_host_reports_how_it_ended(tmp_path: Path) -> Non
     lines = done.stderr.splitlines()
     assert lines[0].startswith(PID_MARKER) and lines[-1].startswith(EXIT_MARKER + b"7 ")
     assert len(lines) == 2
+
+
+REMOTE_ENV = {
+    **ENV, "OMPI_COMM_WORLD_RANK": "1", "POPDIST_NUM_INSTANCES": "2",
+    "POPDIST_NUM_TOTAL_REPLICAS": "2", "POPDIST_NUM_IPUS_PER_REPLICA": "1",
+}  # fmt: skip
+
+
+def test_an_engines_node_only_variables_are_unset_on_another_host() -> None:
+    """Grid Engine's ``qrsh -inherit -V`` carries mpirun's whole environment over: the
+    remote wrapper unsets what describes poprun's host only (``POPRUN_UNSET``), and its own
+    variables; the rest reaches the program."""
+    env = {**REMOTE_ENV, "PE_HOSTFILE": "/var/spool/pe_hostfile", "JOB_ID": "31",
+           "POPRUN_UNSET": "PE_HOSTFILE"}  # fmt: skip
+    program = ["/bin/sh", "-c", "env | grep -E '^(PE_HOSTFILE|JOB_ID|POPRUN_|_pr)' | sort"]
+    done = subprocess.run(
+        [*INSTANCE_WRAPPER, "0 0 1 0 0", "a:1,b:1", "o", "", *program],
+        env=env, capture_output=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"JOB_ID=31\n"
+
+
+def test_on_another_host_the_program_dies_with_open_mpis_daemon(tmp_path: Path) -> None:
+    """An Open MPI daemon killed outright (a scheduler's qdel SIGKILLs it) took neither the
+    remote wrapper nor the program with it: both were left running. Started as mpirun
+    starts them across hosts (``setpriv --pdeathsig KILL`` before the wrapper, its path in
+    ``POPRUN_PDEATHSIG``), both end with the daemon, here a stand-in killed by SIGKILL."""
+    setpriv = find_setpriv(os.environ)
+    if setpriv is None:
+        pytest.skip("util-linux's setpriv with --pdeathsig is not on PATH")
+    pids = tmp_path / "pids"
+    program = ["/bin/sh", "-c", f'echo "$$" >> {pids}; exec sleep 600']
+    wrapper = [setpriv, "--pdeathsig", "KILL", *INSTANCE_WRAPPER, "0 0 1 0 0", "a:1,b:1", "o", ""]
+    daemon = subprocess.Popen(  # the stand-in for orted: it starts the wrapper and waits
+        [sys.executable, "-c", "import subprocess, sys; subprocess.Popen(sys.argv[1:]).wait()",
+         *wrapper, *program],
+        env={**REMOTE_ENV, "POPRUN_PDEATHSIG": setpriv}, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (pids.exists() and pids.read_text().strip()):
+            assert time.monotonic() < deadline and daemon.poll() is None
+            time.sleep(0.02)
+        child = int(pids.read_text())
+        status = Path(f"/proc/{child}/status").read_text()
+        assert "PPid:" in status
+        daemon.kill()  # SIGKILL to the daemon alone, not to its process group
+        daemon.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child):
+            assert time.monotonic() < deadline, "the program outlived the daemon"
+            time.sleep(0.02)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(daemon.pid, 9)
+    assert_no_descendants()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 def _poprun(tmp_path: Path, instances: int, *program: str) -> tuple[subprocess.Popen[str], Gate]:

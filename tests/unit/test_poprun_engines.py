@@ -399,3 +399,24 @@ def test_sigterm_with_a_grace_is_the_save_now_notice_then_the_end_as_on_sigterm(
     plain = EndingPolicy(clock, remote=True)
     plain.launched()
     assert [a.do for a in plain.signal_received(15)] == [Do.FORWARD]  # no grace: as before
+
+
+def test_across_hosts_each_instance_dies_with_its_daemon_and_node_only_names_are_unset(
+    tmp_path: Path,
+) -> None:
+    """``setpriv --pdeathsig KILL`` before every context's wrapper across hosts (a daemon
+    SIGKILLed by a scheduler leaves no instance); under Grid Engine, whose ``qrsh -inherit
+    -V`` carries mpirun's environment over, the remote wrapper unsets ``PE_HOSTFILE``."""
+    lines = "g1 2 all.q UNDEFINED\ng2 2 all.q UNDEFINED\n"
+    env = {**BASE, "JOB_ID": "31", "PE_HOSTFILE": _file(tmp_path, "pe", lines),
+           "SGE_ROOT": "/var/lib/gridengine", "ARC": "lx-amd64"}  # fmt: skip
+    config = _config(env)
+    argv = build_argv(config, plan(config), mpirun="mpirun", forwarded=[], is_root=False,
+                      local_cpus=2, setpriv="/usr/bin/setpriv")  # fmt: skip
+    assert "POPRUN_PDEATHSIG=/usr/bin/setpriv" in argv and "POPRUN_UNSET=PE_HOSTFILE" in argv
+    at = argv.index("/usr/bin/setpriv")
+    assert argv[at : at + 4] == ["/usr/bin/setpriv", "--pdeathsig", "KILL", "/bin/sh"]
+    alone = _config(BASE, num_instances="2", num_replicas="2")  # one host: nothing added
+    argv = build_argv(alone, plan(alone), mpirun="mpirun", forwarded=[], is_root=False,
+                      local_cpus=2, setpriv="/usr/bin/setpriv")  # fmt: skip
+    assert "/usr/bin/setpriv" not in argv and not any(a.startswith("POPRUN_") for a in argv)

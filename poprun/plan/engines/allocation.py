@@ -29,7 +29,10 @@ class Launcher(NamedTuple):
     mpirun reads the engine's own slot counts, so ``-H host:k`` does not set them. ``lingers``:
     the engine's launch processes outlive mpirun by a moment (not the job's leftovers).
     ``probe``: the command that runs ``true`` on a node for the membership's probes (empty:
-    ssh through the agent).
+    ssh through the agent). ``unset_remote``: variables the engine's start carries from
+    mpirun to the other hosts' instances although they describe this host only (Grid
+    Engine's ``qrsh -inherit -V`` exports mpirun's whole environment); the remote wrapper
+    unsets them.
     """
 
     name: str = "ssh"
@@ -40,6 +43,7 @@ class Launcher(NamedTuple):
     oversubscribe: bool = False
     lingers: bool = False
     probe: tuple[str, ...] = ()
+    unset_remote: tuple[str, ...] = ()
 
 
 SSH = Launcher()

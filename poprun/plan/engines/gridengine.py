@@ -67,7 +67,9 @@ def _launcher(environ: Mapping[str, str], global_args: Sequence[str]) -> Launche
     if not root or not arch or off or chosen:
         return SSH
     qrsh = os.path.join(root, "bin", arch, "qrsh")
+    # qrsh -inherit -V carries mpirun's environment to the other hosts; Grid Engine sets
+    # TMPDIR, TMP and HOSTNAME there again, but not the master's PE_HOSTFILE
     return Launcher(
         "qrsh -inherit", ssh=False, oversubscribe=True, lingers=True,
-        probe=(qrsh, "-inherit", "{host}"),
+        probe=(qrsh, "-inherit", "{host}"), unset_remote=(HOST_FILE,),
     )  # fmt: skip
