@@ -746,6 +746,18 @@ def _status_page() -> list[Goal]:
     ]  # fmt: skip
 
 
+def _ssh_check() -> list[Goal]:
+    """Issue 53: the ssh check of 1,024 hosts takes about hosts ÷ concurrency × one login."""
+    return [
+        Goal("issue 53: the ssh check of 1,024 hosts ≤ 1.5 × ⌈1,024 ÷ 64⌉ logins",
+             "ssh-check", lambda d: statistics.median(d["sizes"]["1024"]["ratio"]), 1.5, "≤",
+             "{s:.2f} s against {ideal:.2f} s, at most {n:.0f} tries at once",
+             {"s": lambda d: statistics.median(d["sizes"]["1024"]["s"]),
+              "ideal": at("sizes", "1024", "ideal_s"), "n": at("sizes", "1024", "at_once")},
+             optional=True, rounds=lambda d: d["sizes"]["1024"]["ratio"]),
+    ]  # fmt: skip
+
+
 def _scale() -> list[Goal]:
     """Issue 53: the command's size, the plan's time, 256 light instances against bare
     mpirun, poprun's CPU per instance, the time to a verdict."""
@@ -820,4 +832,5 @@ GOALS: tuple[Goal, ...] = (
     *_status_page(),
     *_real_models(),
     *_scale(),
+    *_ssh_check(),
 )

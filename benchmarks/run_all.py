@@ -119,6 +119,8 @@ def benches(baseline: str | None) -> dict[str, tuple[list[str], int, str]]:
         "status_page": ([PY, str(here / "status_page.py")], 900, "status-page"),
         # Up to 512 light instances on this host, and the pure plan up to 16,384 (issue 53).
         "scale": ([PY, str(here / "scale.py"), "--rounds", "5"], 1200, "scale"),
+        # The ssh check of 16 to 1,024 stand-in hosts, 64 at a time (issue 53).
+        "ssh_check": ([PY, str(here / "ssh_check.py"), "--rounds", "3"], 300, "ssh-check"),
     }  # fmt: skip
 
 
@@ -197,6 +199,7 @@ SECTIONS: list[tuple[str, str, str | None]] = [
     ("Deterministic reduction: training throughput on and off", "deterministic-reduction", None),
     ("The live status page: training throughput, page on and off", "status-page", None),
     ("Scale: poprun's own cost from 2 to 16,384 instances", "scale", "scale.png"),
+    ("The ssh check at hundreds of hosts", "ssh-check", None),
     ("The GPU path (`make gpu-check`, on a machine with a GPU)", "gpu-check", None),
 ]
 
