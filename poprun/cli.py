@@ -93,7 +93,10 @@ def _run(
         if not config.program:
             return 0
     if config.print_topology:
-        sys.stdout.write(render(topology) + "\n")
+        from poprun.plan.devices import gpus_here, idle_gpus_line
+
+        idle = idle_gpus_line(topology, gpus_here(environ))
+        sys.stdout.write(render(topology) + "\n" + (idle + "\n" if idle else ""))
         sys.stdout.flush()
     log.info(f"Running command: {quote(argv)}")
     if config.dry_run:

@@ -65,3 +65,47 @@ def check_pool(topology: Topology, pool: Sequence[str] | None) -> None:
                 f"list at least {need} devices, run fewer instances per host, or unset it to "
                 f"let poprun hand out devices 0, 1, 2",
             )
+
+
+#: Where the NVIDIA driver lists the GPUs of this host (a directory per GPU), read without
+#: CUDA (poprun never imports torch).
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def gpus_here(environ: Mapping[str, str], listing: str = NVIDIA_GPUS) -> int:
+    """How many GPUs this host's instances can see: the user's pool, else the driver's list
+    (0 where there is no NVIDIA driver)."""
+    pool = device_pool(environ)
+    if pool is not None:
+        return len(pool)
+    import os
+
+    try:
+        return len(os.listdir(listing))
+    except OSError:
+        return 0
+
+
+def idle_gpus_line(topology: Topology, gpus: int) -> str:
+    """``--print-topology``'s line when an instance is given more GPUs than popdist_torch's
+    executor computes on (its local replicas share one device; a pipelined replica's stages
+    use its devices per replica), with the launch that uses them all; "" when none idles
+    or this host has no GPU."""
+    if gpus <= 0 or not topology.instances:
+        return ""
+    plan = topology.instances[0]
+    given = min(devices_per_instance(plan), gpus)
+    used = min(plan.ipus_per_replica, given)
+    if given <= used:
+        return ""
+    replicas = sum(p.num_local_replicas for p in topology.instances)
+    per = f", {used} GPUs each" if used > 1 else ""
+    each = "replica" if used > 1 else "GPU"
+    launch = f"poprun --num-instances {replicas} --num-replicas {replicas}"
+    if used > 1:
+        launch += f" --ipus-per-replica {used}"
+    return (
+        f"poprun: each instance computes on {used} of the {given} GPUs it is given (its "
+        f"{plan.num_local_replicas} local replicas share them; {given - used} idle); to use "
+        f"every GPU run one instance per {each}{per}: {launch}"
+    )

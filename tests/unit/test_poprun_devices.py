@@ -132,3 +132,30 @@ def test_the_users_popdist_tuning_variables_reach_the_instances_and_no_other() -
     env = mpirun_environment(config, environ)
     assert env["POPDIST_TORCH_TIMEOUT"] == "77" and env["POPDIST_TORCH_CPU_ALLREDUCE"] == "gloo"
     assert "POPDIST_NUM_INSTANCES" not in env
+
+
+def test_print_topology_names_the_gpus_an_instance_leaves_idle(tmp_path: Path) -> None:
+    """Issue 55: 1 instance × 8 replicas on an 8-GPU host computes on one GPU (its local
+    replicas share it): --print-topology says so, with the launch that uses every GPU."""
+    from poprun.plan.devices import gpus_here, idle_gpus_line
+
+    listing = tmp_path / "gpus"
+    listing.mkdir()
+    for i in range(8):
+        (listing / f"0000:{i:02x}:00.0").mkdir()
+    assert gpus_here({}, str(listing)) == 8
+    assert gpus_here({"CUDA_VISIBLE_DEVICES": "4,5"}, str(listing)) == 2
+    assert gpus_here({}, str(tmp_path / "none")) == 0
+    one = plan(cfg.RunConfig(program=("p",), num_instances=1, num_replicas=8))
+    assert idle_gpus_line(one, 8) == (
+        "poprun: each instance computes on 1 of the 8 GPUs it is given (its 8 local replicas "
+        "share them; 7 idle); to use every GPU run one instance per GPU: poprun "
+        "--num-instances 8 --num-replicas 8"
+    )
+    staged = plan(cfg.RunConfig(program=("p",), num_replicas=2, ipus_per_replica=2))
+    assert idle_gpus_line(staged, 4).endswith(
+        "one instance per replica, 2 GPUs each: poprun --num-instances 2 --num-replicas 2 "
+        "--ipus-per-replica 2"
+    )
+    spread = plan(cfg.RunConfig(program=("p",), num_instances=8, num_replicas=8))
+    assert idle_gpus_line(spread, 8) == "" and idle_gpus_line(one, 0) == ""
