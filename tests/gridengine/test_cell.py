@@ -3,20 +3,14 @@ daemons there through ``qrsh -inherit``, and the daemons end with the harness.""
 
 from __future__ import annotations
 
-import os
-import select
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.gridengine_cluster import ROOT, GridEngineCluster
+from tests.support.gridengine_cluster import GridEngineCluster
 from tests.support.hosts import remove_stale
-from tests.support.processes import reap_children
+from tests.support.processes import kill_harness, reap_children
 
 pytestmark = [pytest.mark.gridengine]
 
@@ -51,43 +45,12 @@ def test_the_daemons_end_when_the_process_that_started_them_is_killed(
 
     (``cell``: the tier's fixture, here so that the test is skipped where the tier cannot run.)
     """
-    up = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.gridengine_cluster", "up"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    assert up.stdout is not None
-    said = []
-    for line in up.stdout:
-        said.append(line)
-        if line.startswith("daemons:"):
-            break
-    daemons = [int(word) for word in said[-1].split()[1:]] if said else []
-    assert len(daemons) == 3, f"the cell did not come up: {''.join(said)}"
-    watch = {os.pidfd_open(pid): pid for pid in daemons}  # readable once the process exits
-    os.kill(up.pid, signal.SIGKILL)
-    up.wait()
-    up.stdout.close()
     try:
-        waiting = select.poll()
-        for fd in watch:
-            waiting.register(fd, select.POLLIN)
-        ended: set[int] = set()
-        deadline = time.monotonic() + 30
-        while len(ended) < len(watch) and (left := deadline - time.monotonic()) > 0:
-            for fd, _ in waiting.poll(left * 1000):
-                ended.add(fd)
-                waiting.unregister(fd)
-        alive = [pid for fd, pid in watch.items() if fd not in ended]
+        said, alive = kill_harness("tests.support.gridengine_cluster", within=30)
     finally:
-        for fd in watch:
-            os.close(fd)
         remove_stale()  # the killed harness's hosts: their namespaces and holders
         reap_children()
-        _remove_cell_dir(said)
+    _remove_cell_dir(said)
     assert not alive, f"daemons outlived the killed harness: {alive}"
 
 

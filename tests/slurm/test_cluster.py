@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import select
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.processes import reap_children
-from tests.support.slurm_cluster import ROOT, SlurmCluster
+from tests.support.processes import kill_harness, reap_children
+from tests.support.slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm]
 
@@ -39,42 +33,11 @@ def test_the_daemons_end_when_the_process_that_started_them_is_killed(
 
     (``cluster``: the tier's fixture, here so that the test is skipped where Slurm cannot run.)
     """
-    up = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.slurm_cluster", "up"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    assert up.stdout is not None
-    said = []
-    for line in up.stdout:
-        said.append(line)
-        if line.startswith("daemons:"):
-            break
-    daemons = [int(word) for word in said[-1].split()[1:]] if said else []
-    assert len(daemons) == 3, f"the cluster did not come up: {''.join(said)}"
-    watch = {os.pidfd_open(pid): pid for pid in daemons}  # readable once the process exits
-    os.kill(up.pid, signal.SIGKILL)
-    up.wait()
-    up.stdout.close()
     try:
-        waiting = select.poll()
-        for fd in watch:
-            waiting.register(fd, select.POLLIN)
-        ended: set[int] = set()
-        deadline = time.monotonic() + 15
-        while len(ended) < len(watch) and (left := deadline - time.monotonic()) > 0:
-            for fd, _ in waiting.poll(left * 1000):
-                ended.add(fd)
-                waiting.unregister(fd)
-        alive = [pid for fd, pid in watch.items() if fd not in ended]
+        said, alive = kill_harness("tests.support.slurm_cluster", within=15)
     finally:
-        for fd in watch:
-            os.close(fd)
         reap_children()
-        _remove_cluster_dir(said)
+    _remove_cluster_dir(said)
     assert not alive, f"daemons outlived the killed harness: {alive}"
 
 

@@ -124,3 +124,48 @@ def run_in_session(
         out, _ = proc.communicate()
         raise TimeoutError(f"{argv[0]} outlived {timeout} s:\n{out[-4000:]}") from None
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, None)
+
+
+def kill_harness(module: str, within: float) -> tuple[list[str], list[int]]:
+    """``python -m MODULE up`` (a cluster harness: Slurm's, Grid Engine's) killed outright
+    once it printed its ``daemons: PID...`` line: (what it printed, the daemons still alive
+    ``within`` seconds later, watched through pidfds, readable once a process exits). The
+    caller removes what the killed harness left on disk."""
+    import select
+    import sys
+    import time
+
+    up = subprocess.Popen(
+        [sys.executable, "-m", module, "up"],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert up.stdout is not None
+    said = []
+    for line in up.stdout:
+        said.append(line)
+        if line.startswith("daemons:"):
+            break
+    daemons = [int(word) for word in said[-1].split()[1:]] if said else []
+    assert len(daemons) == 3, f"{module} did not come up: {''.join(said)}"
+    watch = {os.pidfd_open(pid): pid for pid in daemons}
+    os.kill(up.pid, signal.SIGKILL)
+    up.wait()
+    up.stdout.close()
+    try:
+        waiting = select.poll()
+        for fd in watch:
+            waiting.register(fd, select.POLLIN)
+        ended: set[int] = set()
+        deadline = time.monotonic() + within
+        while len(ended) < len(watch) and (left := deadline - time.monotonic()) > 0:
+            for fd, _ in waiting.poll(left * 1000):
+                ended.add(fd)
+                waiting.unregister(fd)
+        return said, [pid for fd, pid in watch.items() if fd not in ended]
+    finally:
+        for fd in watch:
+            os.close(fd)
