@@ -32,7 +32,9 @@ than its tasks when the job overcommits (``sbatch -O``), and refuses with a bare
 which are allocated for this job are already filled". When poprun itself runs in an
 ``srun`` step, that step holds the CPUs of its node, and the ``srun`` that starts Open MPI's
 daemons would wait for them for ever: ``--mca plm_slurm_args --overlap`` lets it share them
-(unless the user set ``plm_slurm_args``).
+(unless the user set ``plm_slurm_args``). Open MPI places no more ranks on a node than it
+counts slots there, so poprun has it count the job's CPUs, not the step's tasks
+(:data:`poprun.plan.slurm.RAS_MCA`): the ``-H`` counts then hold.
 
 ``WRAPPER`` is ``/bin/sh -c '<FIFOs>; printf ... >&2; exec "$@"' poprun-instance``: on
 poprun's own host it points the instance's stdout and stderr at poprun's FIFOs

@@ -43,6 +43,14 @@ STEP_ID_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID")
 #: the lost node's step to free its resources (Slurm frees them only once it declares the
 #: node down).
 STEP_MCA: tuple[str, str] = ("plm_slurm_args", "--overlap")
+#: Open MPI's own count of a node's slots is the tasks of the job or step it runs in
+#: (``SLURM_TASKS_PER_NODE`` over ``SLURM_CPUS_PER_TASK``), and it gives a node no more
+#: instances than that, whatever ``-H n1:2,n2:2`` says, scattering the rest: inside an
+#: ``srun -N1 -n1`` step it counted one slot on the first node and none on the second and
+#: started three of four instances on the first, where the plan had two. Counted from the
+#: job's CPUs instead (``SLURM_JOB_CPUS_PER_NODE``), never fewer than the tasks poprun plans
+#: on unless the job overcommits (``-O``), the slots hold the plan and the ``-H`` counts rule.
+RAS_MCA: tuple[str, str] = ("ras_slurm_use_entire_allocation", "1")
 #: A membership probe: a one-task step of the job on the node, beside the job's own steps.
 _STEP_PROBE = ("srun", "--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--nodelist={host}")
 #: The most nodes one allocation may list: more is a corrupt variable, not a cluster.
@@ -93,7 +101,7 @@ class SlurmAllocation(NamedTuple):
         return Launcher(
             "srun",
             ssh=False,
-            mca=(STEP_MCA,) if self.in_step else (),
+            mca=(RAS_MCA, STEP_MCA) if self.in_step else (RAS_MCA,),
             elastic_mca=(STEP_MCA,),
             oversubscribe=True,
             lingers=True,

@@ -16,6 +16,7 @@ from poprun.plan.compact import instance_values, plan_launch
 from poprun.plan.hosts import HostSource, JobHosts, WithinAllocation, host_source
 from poprun.plan.mpirun import INSTANCE_WRAPPER, build_argv
 from poprun.plan.slurm import (
+    RAS_MCA,
     STEP_MCA,
     parse_counts,
     parse_node_list,
@@ -283,6 +284,9 @@ def test_mpirun_gets_the_nodes_with_their_counts_and_may_oversubscribe() -> None
     at = argv.index(INSTANCE_WRAPPER[2])  # n1, n2 are not this machine's names: LOCAL 0
     assert argv[at + 2 : at + 4] == ["0 0 2 0 0", "n1:2,n2:2"]
     assert STEP_MCA[0] not in argv
+    # Open MPI counts the job's slots, not the step's: the -H counts place the ranks
+    at = argv.index(RAS_MCA[0])
+    assert argv[at - 1 : at + 2] == ["--mca", *RAS_MCA]
     launch = plan_launch(_config(SALLOC, num_replicas="8"), plan(_config(SALLOC, num_replicas="8")))
     offsets = [instance_values(launch, r)["POPDIST_REPLICA_INDEX_OFFSET"] for r in range(4)]
     assert offsets == ["0", "2", "4", "6"]
@@ -292,10 +296,18 @@ def test_inside_an_srun_step_the_daemons_srun_overlaps() -> None:
     argv = _argv(_config(SRUN_STEP, num_replicas="8"))
     at = argv.index(STEP_MCA[0])
     assert argv[at - 1 : at + 2] == ["--mca", *STEP_MCA]
+    # the step's own tasks (SLURM_TASKS_PER_NODE=1) would misplace the ranks: -H counts rule
+    at = argv.index(RAS_MCA[0])
+    assert argv[at - 1 : at + 2] == ["--mca", *RAS_MCA]
     chosen = _argv(
         _config(SRUN_STEP, num_replicas="8", mpi_global_args=["--mca plm_slurm_args --exact"])
     )
     assert "--overlap" not in chosen  # the user's choice stands
+    theirs = _argv(
+        _config(SRUN_STEP, num_replicas="8",
+                mpi_global_args=["--mca ras_slurm_use_entire_allocation 0"])
+    )  # fmt: skip
+    assert theirs.count(RAS_MCA[0]) == 1  # the user's choice stands
 
 
 def test_slurm_variables_are_not_forwarded_to_other_nodes() -> None:
