@@ -15,7 +15,12 @@ each host's own:
   /dev/null`` and ``Port 2222``, and each worker's ``sshd`` on port 2222 (``StrictModes
   no``), started with the worker container's environment; no ``OMPI_MCA_plm_rsh_agent``
   anywhere: plain ``ssh``, as in a real pod;
-- the launcher's environment exactly as the operator sets it (:meth:`Pods.launcher_env`).
+- the launcher's environment exactly as the operator sets it (:meth:`Pods.launcher_env`);
+- the image's own ``/root/.bashrc`` (empty), not this machine's: bash runs it in every ssh
+  session (sshd starts ``bash -c``), and a developer's one (pyenv's ``rehash``, which takes
+  a lock file under ``/root`` and waits 60 s for it) is no pod's. In a pod's private
+  ``/root`` a rehash killed with the job it ran for kept that lock, and every later session
+  there waited a minute before it began.
 
 A worker's sshd can start late (``late``: started by :meth:`Pods.start_sshd`), as with
 ``launcherCreationPolicy: AtStartup``; workers can have a ``/dev/shm`` of 64 MiB, Docker's
@@ -144,6 +149,7 @@ class Pods:
             self.hosts.write(pod, "/root/.ssh/id_rsa.pub", public, 0o644)
             self.hosts.write(pod, "/root/.ssh/authorized_keys", public, 0o644)
             self.hosts.write(pod, "/etc/ssh/ssh_config", client, 0o644)
+            self.hosts.write(pod, "/root/.bashrc", "", 0o644)
         lines = [f"{layout.fqdn(pod)} slots={self.slots}\n" for pod in layout.nodes]
         if layout.kind != "volcano":
             self.hosts.write(layout.launcher, HOSTFILE, "".join(lines), 0o444)
