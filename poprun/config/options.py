@@ -136,8 +136,11 @@ SSH_WAIT_S = 60.0
 
 def parse_wait(option: str, value: object) -> float:
     """A number of seconds to wait, 0 included (no wait)."""
-    if str(value).strip() in ("0", "0.0"):
-        return 0.0
+    try:
+        if float(str(value).strip()) == 0:
+            return 0.0
+    except ValueError:
+        pass  # parse_seconds names the value and the fix
     return parse_seconds(option, value)
 
 
@@ -285,7 +288,7 @@ OPTIONS: tuple[Option, ...] = (
         attribute="hosts",
         dump=list,
     ),
-    Option("host_file", parse_text, "FILE", "file with one host a line"),
+    Option("host_file", parse_text, "FILE", "file with a host a line (Open MPI's slots= too)"),
     _args("mpi_global_args", "ARGS", "mpirun options before the instances (repeatable)"),
     _args("mpi_local_args", "ARGS", "mpirun options for every instance"),
     Option(

@@ -164,8 +164,8 @@ def _counts(values: Mapping[str, Any]) -> tuple[int, int]:
 def _hosts(
     values: Mapping[str, Any], num_instances: int, allocation: JobAllocation | None
 ) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
-    """(hosts, instances on each, whether they are the Slurm job's nodes): the run's host
-    source (``-H``, ``--host-file``, else the allocation) places the instances."""
+    """(hosts, instances on each, whether they are the engine's job's nodes): the run's
+    host source (``-H``, ``--host-file``, else the job) places the instances."""
     source = host_source(values, allocation)
     if source is None:
         return (), (), False

@@ -1,13 +1,15 @@
 """Where a run's hosts come from, and which of them is this machine.
 
 A :class:`HostSource` gives the run its host names: :class:`HostList` (``-H a,b``, ranges
-``node[0-2,4]``), :class:`HostFile` (``--host-file``, one host or range a line, ``#``
-comments) and a scheduler's allocation (:class:`poprun.plan.slurm.SlurmHosts`, a Slurm
-job's nodes), chosen in :func:`host_source`: the options first, then the allocation. A source
-also places the instances (:meth:`HostSource.place`): listed hosts share them evenly, an
-allocation fills its nodes up to their tasks. The next scheduler (PBS, LSF, Kubernetes) is
-one more source. A source's errors are usage errors (:class:`~poprun.errors.PoprunError`):
-the configuration reads it before anything launches.
+``node[0-2,4]``), :class:`HostFile` (``--host-file``: poprun's format, a host or range a
+line, or Open MPI's, with ``slots=``; ``#`` comments), :class:`JobHosts` (an engine's job:
+Slurm, Grid Engine, LSF, PBS, a Kubernetes launcher's host file, Volcano's ``MPI_HOST``,
+read by :mod:`poprun.plan.engines`) and :class:`WithinAllocation` (hosts named inside a
+job, checked against it), chosen in :func:`host_source`: the options first, then the job. A
+source also places the instances (:meth:`HostSource.place`): listed hosts share them evenly,
+slots fill the hosts in order. An engine is one more reader, not one more source. A
+source's errors are usage errors (:class:`~poprun.errors.PoprunError`): the configuration
+reads it before anything launches.
 """
 
 from __future__ import annotations
@@ -214,7 +216,7 @@ class HostFile(NamedTuple):
         if not listed.slotted:
             return share_evenly(listed.hosts, num_instances)
         slots = self._allocation(listed)
-        return place(slots, num_instances, oversubscribe=self.oversubscribe)
+        return place(slots, num_instances, oversubscribe=self.oversubscribe, host_file=True)
 
     def slots(self) -> Allocation | None:
         """The file's slots as an allocation (None: poprun's format, no slots)."""
@@ -242,7 +244,7 @@ class JobHosts(NamedTuple):
         return self.allocation.nodes
 
     def place(self, num_instances: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        if not getattr(self.allocation, "slotted", True):
+        if not self.allocation.slotted:
             return share_evenly(self.allocation.nodes, num_instances)
         return place(self.allocation, num_instances)
 
@@ -263,15 +265,15 @@ class WithinAllocation(NamedTuple):
 
     def place(self, num_instances: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
         placed = self.named.place(num_instances)
-        check_hosts(self.allocation, placed[0], self.option, num_instances)
+        check_hosts(self.allocation, *placed, self.option, num_instances)
         return placed
 
 
 def host_source(
     values: Mapping[str, Any], allocation: JobAllocation | None = None
 ) -> HostSource | None:
-    """The source the options name (``-H`` or ``--host-file``, not both), else the
-    scheduler's ``allocation`` (:func:`poprun.plan.slurm.read_allocation`); None: this host.
+    """The source the options name (``-H`` or ``--host-file``, not both), else the engine's
+    job (``allocation``, :func:`poprun.plan.engines.detect.detect`); None: this host.
 
     Hosts named inside an allocation are checked against it (:class:`WithinAllocation`).
     """

@@ -112,6 +112,10 @@ class SlurmAllocation(NamedTuple):
     def total_tasks(self) -> int:
         return sum(self.tasks)
 
+    @property
+    def slotted(self) -> bool:
+        return True
+
     def slots(self, node: str) -> int:
         """The tasks the job has on ``node`` (0 when it is not in the job)."""
         return dict(zip(self.nodes, self.tasks, strict=True)).get(node, 0)
@@ -195,7 +199,7 @@ def _tasks(environ: Mapping[str, str], in_step: bool) -> tuple[str, str, tuple[i
         )
     cpus = parse_counts(text, JOB_CPUS_PER_NODE)
     per_task_text = environ.get(CPUS_PER_TASK, "1").strip() or "1"
-    if not per_task_text.isdigit() or int(per_task_text) < 1:
+    if not (per_task_text.isascii() and per_task_text.isdigit()) or int(per_task_text) < 1:
         raise PoprunError(
             CPUS_PER_TASK, per_task_text, "is not a positive whole number", "unset it or fix it"
         )

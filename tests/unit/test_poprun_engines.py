@@ -92,6 +92,8 @@ def test_poprun_s_own_format_is_a_plain_list_and_a_node_file_counts_its_lines() 
         ("a slots=2\nb fast\n", ["--host-file=f.txt:2", "'b fast' is in neither"]),
         ("a slots=0\n", ["--host-file=f.txt:1", "slots '0' is not a positive whole number"]),
         ("a slots=two\n", ["slots 'two' is not a positive whole number"]),
+        ("a slots=\u00b2\n", ["slots '\u00b2' is not a positive whole number"]),  # no traceback
+        ("a slots=2 max_slots=0\n", ["max_slots '0' is not a positive whole number"]),
         ("a colour=red\n", ["colour= is not a host-file setting poprun knows"]),
         ("a:0\n", ["slots '0' is not a positive"]),
         ("# only comments\n", ["--host-file=f.txt: lists no hosts"]),
@@ -175,11 +177,33 @@ def test_a_trainjob_and_volcano_are_named_and_read(tmp_path: Path) -> None:
     assert config.allocation is not None
     assert config.allocation.engine == "Kubernetes TrainJob (Trainer v2, MPI runtime)"
     assert config.hosts == ("tj-node-0-0.tj", "tj-node-0-1.tj")
-    volcano = {**BASE, "MPI_HOST": "vj-worker-0.vj,vj-worker-1.vj"}
+    pod = {**BASE, "KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    volcano = {**pod, "MPI_HOST": "vj-worker-0.vj,vj-worker-1.vj"}
     config = _config(volcano, num_replicas="2")
     assert config.hosts == ("vj-worker-0.vj", "vj-worker-1.vj") and config.host_counts == (1, 1)
     config = _config(volcano, num_instances="4", num_replicas="4")
     assert config.host_counts == (2, 2)  # no slots: shared evenly, as -H
+    # named inside the job: no slot counts to check them against, shared evenly too
+    config = _config(volcano, host=["vj-worker-0.vj,vj-worker-1.vj"], num_instances="4",
+                     num_replicas="4")  # fmt: skip
+    assert config.host_counts == (2, 2)
+    # MPI_HOST is a common name: outside a pod it is not Volcano's, and the run is local
+    assert _config({**BASE, "MPI_HOST": "a,b"}, num_replicas="2").allocation is None
+
+
+def test_an_engine_present_without_a_job_gives_way_to_the_next(tmp_path: Path) -> None:
+    """Open MPI's own default host file named with --mca is no job: Volcano's hosts are."""
+    volcano = {**BASE, "KUBERNETES_SERVICE_HOST": "10.96.0.1", "MPI_HOST": "w0,w1"}
+    default = ["--mca orte_default_hostfile /etc/openmpi/openmpi-default-hostfile"]
+    config = _config(volcano, num_replicas="2", mpi_global_args=default)
+    assert config.allocation is not None and config.hosts == ("w0", "w1")
+    assert config.engine_note == ""  # the host file found no job: not named as another
+    # a blank variable sets nothing: a blank PE_HOSTFILE hides no Slurm job
+    slurm = {**BASE, "PE_HOSTFILE": " ", "JOB_ID": "3", "SLURM_JOB_ID": "9",
+             "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}  # fmt: skip
+    config = _config(slurm, num_replicas="2")
+    assert config.allocation is not None and config.allocation.engine == "Slurm"
+    assert config.engine_note == ""
 
 
 # --- PBS, LSF, Grid Engine ------------------------------------------------------------------
@@ -420,3 +444,22 @@ def test_across_hosts_each_instance_dies_with_its_daemon_and_node_only_names_are
     argv = build_argv(alone, plan(alone), mpirun="mpirun", forwarded=[], is_root=False,
                       local_cpus=2, setpriv="/usr/bin/setpriv")  # fmt: skip
     assert "/usr/bin/setpriv" not in argv and not any(a.startswith("POPRUN_") for a in argv)
+
+
+@pytest.mark.parametrize("zero", ["0", "0.0", "0.00", "00", "0e0"])
+def test_ssh_wait_zero_in_any_spelling_is_one_try(zero: str) -> None:
+    from poprun.config.options import parse_wait
+
+    assert parse_wait("--ssh-wait", zero) == 0.0
+    assert parse_wait("--ssh-wait", "2.5") == 2.5
+    with pytest.raises(PoprunError, match=r"^--ssh-wait=-1"):
+        parse_wait("--ssh-wait", "-1")
+
+
+def test_qrsh_switched_off_only_by_a_true_value(tmp_path: Path) -> None:
+    env = {**BASE, "JOB_ID": "31", "PE_HOSTFILE": _file(tmp_path, "pe", "g1 2 all.q UNDEFINED\n"),
+           "SGE_ROOT": "/var/lib/gridengine", "ARC": "lx-amd64"}  # fmt: skip
+    kept = _config(env, mpi_global_args=["--mca plm_rsh_disable_qrsh 0"], num_replicas="2")
+    assert kept.allocation is not None and kept.allocation.launcher.name == "qrsh -inherit"
+    off = _config(env, mpi_global_args=["--mca plm_rsh_disable_qrsh 1"], num_replicas="2")
+    assert off.allocation is not None and off.allocation.launcher.ssh

@@ -254,6 +254,31 @@ def test_a_host_file_inside_the_job_is_checked_too(tmp_path: Any) -> None:
         _config(SALLOC, host_file=str(path), num_instances="2", num_replicas="2")
 
 
+UNEVEN = {**SALLOC, "SLURM_TASKS_PER_NODE": "3,1", "SLURM_JOB_CPUS_PER_NODE": "3,1"}
+
+
+def test_a_host_file_with_slots_inside_the_job_is_checked_by_its_own_placement(
+    tmp_path: Any,
+) -> None:
+    """The file's slots place the instances (3 on n1, 1 on n2); each count is checked
+    against that node's tasks, not an even share."""
+    path = tmp_path / "hosts"
+    path.write_text("n1 slots=3\nn2 slots=1\n")
+    config = _config(UNEVEN, host_file=str(path), num_instances="4", num_replicas="4")
+    assert config.host_counts == (3, 1)
+    with pytest.raises(PoprunError, match=r"^--num-instances=4: puts 3 instances on n1, which "):
+        _config(SALLOC, host_file=str(path), num_instances="4", num_replicas="4")
+
+
+def test_oversubscribe_is_offered_for_a_host_file_not_for_a_job() -> None:
+    """A job's tasks are the scheduler's: --oversubscribe does not lift them, nor is it
+    suggested."""
+    cli = {"num_instances": "8", "num_replicas": "8", "mpi_global_args": ["--oversubscribe"]}
+    with pytest.raises(PoprunError, match=r"more than the 4 tasks of Slurm job 17") as caught:
+        _config(SALLOC, **cli)
+    assert "--oversubscribe" not in str(caught.value)
+
+
 def test_the_exported_configuration_leaves_out_the_job_nodes() -> None:
     config = _config(SALLOC, num_replicas="8")
     assert "host" not in config.to_file_values()

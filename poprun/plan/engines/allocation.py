@@ -83,6 +83,10 @@ class JobAllocation(Protocol):
     def announce(self) -> str: ...
     @property
     def total_tasks(self) -> int: ...
+    #: Whether the engine counts slots per node (False: it lists hosts only, as Volcano's
+    #: ``MPI_HOST``, and the instances are shared evenly).
+    @property
+    def slotted(self) -> bool: ...
     def slots(self, node: str) -> int: ...
     def describe(self) -> str: ...
     def render(self) -> str: ...
@@ -155,22 +159,28 @@ class Allocation(NamedTuple):
 
 
 def place(
-    allocation: JobAllocation, num_instances: int, *, oversubscribe: bool = False
+    allocation: JobAllocation,
+    num_instances: int,
+    *,
+    oversubscribe: bool = False,
+    host_file: bool = False,
 ) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """(hosts, instances per host): the job's nodes filled in order up to their slots.
 
     Nodes left without an instance are left out. More instances than slots is a usage error
-    naming the allocation, unless the user asked for oversubscription: then each further
-    round fills the nodes by their slots again.
+    naming the allocation, unless the user asked for oversubscription (``host_file``: a
+    ``--host-file``'s slots, which ``--oversubscribe`` may exceed; an engine's job may not
+    be): then each further round fills the nodes by their slots again.
     """
     total, word = allocation.total_tasks, allocation.slot_word
-    if num_instances > total and not (oversubscribe and total > 0):
+    if num_instances > total and not (host_file and oversubscribe and total > 0):
         raise PoprunError(
             "--num-instances",
             num_instances,
             f"is more than the {total} {word}s of {allocation.describe()}",
             f"use --num-instances {total} or fewer (or leave it out: one instance per {word}), "
-            f"or {allocation.ask_for_more}, or pass --mpi-global-args=--oversubscribe",
+            f"or {allocation.ask_for_more}"
+            + (", or pass --mpi-global-args=--oversubscribe" if host_file else ""),
         )
     counts = [0] * len(allocation.nodes)
     left = num_instances
@@ -210,12 +220,18 @@ def default_instances(allocation: JobAllocation, num_replicas: int | None) -> in
 
 
 def check_hosts(
-    allocation: JobAllocation, hosts: Sequence[str], option: str, num_instances: int
+    allocation: JobAllocation,
+    hosts: Sequence[str],
+    counts: Sequence[int],
+    option: str,
+    num_instances: int,
 ) -> None:
-    """Hosts named with ``-H``/``--host-file`` inside a job: each in the job, with room for
-    its share of the instances (poprun divides them evenly over the hosts it is given)."""
+    """Hosts named with ``-H``/``--host-file`` inside a job, placed ``counts`` instances
+    each: every one a node of the job, with the slots for its instances there (where the
+    engine counts slots)."""
+    slots = dict(zip(allocation.nodes, allocation.tasks, strict=True))
     for host in hosts:
-        if host not in allocation.nodes:
+        if host not in slots:
             shown = ", ".join(allocation.nodes[:8]) + (", ..." if len(allocation.nodes) > 8 else "")
             raise PoprunError(
                 option,
@@ -224,14 +240,24 @@ def check_hosts(
                 f"name nodes of the job ({shown}), or leave out {option} to run on the whole "
                 "allocation",
             )
-    per_host = num_instances // max(len(hosts), 1)
-    for host in hosts:
-        if per_host > allocation.slots(host):
+    if not allocation.slotted:
+        return
+    for host, count in zip(hosts, counts, strict=True):
+        if count > slots[host]:
             raise PoprunError(
                 "--num-instances",
                 num_instances,
-                f"puts {per_host} instances on {host}, which has {allocation.slots(host)} "
+                f"puts {count} instances on {host}, which has {slots[host]} "
                 f"{allocation.slot_word}(s) in {allocation.describe()}",
                 f"use fewer instances, or name more of the job's nodes with {option}, or "
                 f"{allocation.ask_for_more}",
             )
+
+
+def mca_value(args: Sequence[str], name: str) -> str:
+    """The last ``--mca NAME VALUE`` in ``args`` ("" when none)."""
+    value = ""
+    for i, arg in enumerate(args[:-2]):
+        if arg in ("--mca", "-mca", "--gmca", "-gmca") and args[i + 1] == name:
+            value = args[i + 2]
+    return value

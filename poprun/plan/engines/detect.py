@@ -43,6 +43,11 @@ class Engine(NamedTuple):
     read: Reader
 
 
+def _set(environ: Mapping[str, str], name: str) -> str:
+    """``name``'s value, blanks stripped ("" when unset): a blank value sets nothing."""
+    return environ.get(name, "").strip()
+
+
 def _default_hostfile_given(environ: Mapping[str, str], args: Sequence[str]) -> bool:
     path = environ.get(DEFAULT_HOSTFILE, "").strip()
     return bool(path and path != OPEN_MPI_DEFAULT) or "orte_default_hostfile" in args
@@ -51,20 +56,20 @@ def _default_hostfile_given(environ: Mapping[str, str], args: Sequence[str]) -> 
 ORDER: tuple[Engine, ...] = (
     Engine(
         "Grid Engine", "PE_HOSTFILE",
-        lambda env, args: bool(env.get("PE_HOSTFILE") and env.get("JOB_ID")),
+        lambda env, args: bool(_set(env, "PE_HOSTFILE") and _set(env, "JOB_ID")),
         lambda env, args, read, which, expand: read_gridengine(env, read, args),
     ),
     Engine(
         "Slurm", "SLURM_JOB_ID",
-        lambda env, args: bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")),
+        lambda env, args: bool(_set(env, "SLURM_JOB_ID") or _set(env, "SLURM_JOBID")),
         lambda env, args, read, which, expand: read_allocation(env),
     ),
     Engine(
-        "LSF", "LSB_JOBID", lambda env, args: bool(env.get("LSB_JOBID")),
+        "LSF", "LSB_JOBID", lambda env, args: bool(_set(env, "LSB_JOBID")),
         lambda env, args, read, which, expand: read_lsf(env, read, which),
     ),
     Engine(
-        "PBS", "PBS_JOBID", lambda env, args: bool(env.get("PBS_JOBID") or env.get("PBS_ENVIRONMENT")),
+        "PBS", "PBS_JOBID", lambda env, args: bool(_set(env, "PBS_JOBID") or _set(env, "PBS_ENVIRONMENT")),
         lambda env, args, read, which, expand: read_pbs(env, read),
     ),
     Engine(
@@ -72,7 +77,9 @@ ORDER: tuple[Engine, ...] = (
         lambda env, args, read, which, expand: read_default_hostfile(env, read, args, expand=expand),
     ),
     Engine(
-        "Volcano", "MPI_HOST", lambda env, args: bool(env.get("MPI_HOST", "").strip()),
+        # MPI_HOST is a common name: Volcano's only in a pod (every pod has the API's address)
+        "Volcano", "MPI_HOST",
+        lambda env, args: bool(_set(env, "MPI_HOST") and _set(env, "KUBERNETES_SERVICE_HOST")),
         lambda env, args, read, which, expand: read_volcano(env),
     ),
 )  # fmt: skip
@@ -89,17 +96,19 @@ def detect(
     which: Which,
     expand: Expand,
 ) -> tuple[JobAllocation | None, str]:
-    """(the allocation of the engine poprun runs under, or None; the line that says which was
-    taken when several are present, else "")."""
+    """(the allocation of the first engine in :data:`ORDER` whose reader finds a job, or
+    None; the line that says which was taken when others are present too, else "")."""
     present = [engine for engine in ORDER if engine.present(environ, global_args)]
-    if not present:
-        return None, ""
-    first = present[0]
-    allocation = first.read(environ, global_args, read, which, expand)
-    if allocation is None or len(present) == 1:
-        return allocation, ""
-    others = ", ".join(f"{engine.name} ({engine.shown_by})" for engine in present[1:])
-    return allocation, (
-        f"poprun: this run is inside {first.name}'s job ({first.shown_by}) and also has "
-        f"{others} set: using {first.name}'s hosts; {_WHY}"
-    )
+    for at, engine in enumerate(present):
+        allocation = engine.read(environ, global_args, read, which, expand)
+        if allocation is None:
+            continue  # present but no job (Open MPI's own default host file): the next
+        others = present[at + 1 :]  # those before it found no job
+        if not others:
+            return allocation, ""
+        shown = ", ".join(f"{e.name} ({e.shown_by})" for e in others)
+        return allocation, (
+            f"poprun: this run is inside {engine.name}'s job ({engine.shown_by}) and also has "
+            f"{shown} set: using {engine.name}'s hosts; {_WHY}"
+        )
+    return None, ""

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from poprun.errors import PoprunError
-from poprun.plan.engines.allocation import SSH, Allocation, Launcher
+from poprun.plan.engines.allocation import SSH, Allocation, Launcher, mca_value
 from poprun.plan.engines.kubernetes import Read
 
 JOB_ID = "JOB_ID"
@@ -41,7 +41,7 @@ def read_gridengine(
         words = line.split()
         if not words:
             continue
-        if len(words) < 2 or not words[1].isdigit() or int(words[1]) < 1:
+        if len(words) < 2 or not (words[1].isascii() and words[1].isdigit()) or int(words[1]) < 1:
             raise PoprunError(
                 HOST_FILE, f"{path}:{number}", f"{line.strip()!r} is not 'host slots queue "
                 "processors'", "run poprun inside the job Grid Engine gave you (qsub -pe), unchanged",
@@ -60,10 +60,9 @@ def _launcher(environ: Mapping[str, str], global_args: Sequence[str]) -> Launche
     """Open MPI's own ``qrsh -inherit`` where it takes that path, else ssh (a launch agent
     the user chose comes first in Open MPI, and switches it off)."""
     root, arch = environ.get("SGE_ROOT", ""), environ.get("ARC", "")
-    off = environ.get(_QRSH_OFF, "").lower() in ("1", "true", "yes", "t", "y")
-    chosen = environ.get("OMPI_MCA_plm_rsh_agent") or any(
-        word in ("plm_rsh_agent", "plm_rsh_disable_qrsh") for word in global_args
-    )
+    given = mca_value(global_args, "plm_rsh_disable_qrsh") or environ.get(_QRSH_OFF, "")
+    off = given.strip().lower() in ("1", "true", "yes", "t", "y")
+    chosen = environ.get("OMPI_MCA_plm_rsh_agent") or mca_value(global_args, "plm_rsh_agent")
     if not root or not arch or off or chosen:
         return SSH
     qrsh = os.path.join(root, "bin", arch, "qrsh")

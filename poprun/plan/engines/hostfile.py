@@ -97,7 +97,7 @@ def _line(
     name, count, limit = words[0], None, None
     colon = _COLON.match(name)
     if colon is not None:
-        name, count = colon.group(1), _positive(colon.group(2), source, where, shown)
+        name, count = colon.group(1), _positive(colon.group(2), "slots", source, where, shown)
     for word in words[1:]:
         key, eq, value = word.partition("=")
         if not eq:
@@ -105,9 +105,9 @@ def _line(
                 source, where, f"{shown!r} is in neither poprun's nor Open MPI's format", _FIX
             )
         if key in SLOT_KEYS:
-            count = _positive(value, source, where, shown)
+            count = _positive(value, key, source, where, shown)
         elif key in MAX_KEYS:
-            limit = _positive(value, source, where, shown)
+            limit = _positive(value, key, source, where, shown)
         else:
             raise PoprunError(
                 source, where, f"{shown!r}: {key}= is not a host-file setting poprun knows", _FIX
@@ -115,12 +115,12 @@ def _line(
     return name, count, limit
 
 
-def _positive(value: str, source: str, where: str, shown: str) -> int:
-    if not value.isdigit() or int(value) < 1:
+def _positive(value: str, key: str, source: str, where: str, shown: str) -> int:
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
         raise PoprunError(
             source,
             where,
-            f"{shown!r}: slots {value!r} is not a positive whole number",
-            "write slots=N with N at least 1",
+            f"{shown!r}: {key} {value!r} is not a positive whole number",
+            f"write {key}=N with N at least 1",
         )
     return int(value)

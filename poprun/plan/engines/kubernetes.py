@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from poprun.plan.engines import hostfile
-from poprun.plan.engines.allocation import Allocation
+from poprun.plan.engines.allocation import Allocation, mca_value
 
 #: Where the hosts come from, as Open MPI reads it.
 DEFAULT_HOSTFILE = "OMPI_MCA_orte_default_hostfile"
 DEFAULT_SLOTS = "OMPI_MCA_orte_set_default_slots"
-#: Open MPI's own default (Debian's holds only comments): not a job's host file.
+#: Open MPI's own default host file as Debian installs it (comments only): not a job's.
 OPEN_MPI_DEFAULT = "/etc/openmpi/openmpi-default-hostfile"
 ROLE = "K_MPI_JOB_ROLE"
 VOLCANO = "MPI_HOST"
@@ -46,13 +46,17 @@ def read_default_hostfile(
 ) -> Allocation | None:  # fmt: skip
     """The job in Open MPI's default host file (a Kubernetes launcher's), or None."""
     variable, path = DEFAULT_HOSTFILE, environ.get(DEFAULT_HOSTFILE, "").strip()
-    given = _mca(global_args, "orte_default_hostfile")
+    given = mca_value(global_args, "orte_default_hostfile")
     if given:
         variable, path = "--mca orte_default_hostfile", given
     if not path or path == OPEN_MPI_DEFAULT:
         return None
     slots_text = environ.get(DEFAULT_SLOTS, "").strip()
-    default = int(slots_text) if slots_text.isdigit() and int(slots_text) > 0 else None
+    default = (
+        int(slots_text)
+        if slots_text.isascii() and slots_text.isdigit() and int(slots_text) > 0
+        else None
+    )
     listed = hostfile.parse(
         read(variable, path), variable, path, default_slots=default, expand=expand
     )
@@ -81,12 +85,3 @@ def read_volcano(environ: Mapping[str, str]) -> Allocation | None:
         "Kubernetes (Volcano MPI plugin)", "", hosts, (1,) * len(hosts), VOLCANO,
         local_only=POD_ONLY, slotted=False,
     )  # fmt: skip
-
-
-def _mca(args: Sequence[str], name: str) -> str:
-    """The last ``--mca NAME VALUE`` in ``args`` ("" when none)."""
-    value = ""
-    for i, arg in enumerate(args[:-2]):
-        if arg in ("--mca", "-mca", "--gmca", "-gmca") and args[i + 1] == name:
-            value = args[i + 2]
-    return value

@@ -71,7 +71,7 @@ def _slots(
     if text:
         words = text.split()
         pairs = list(zip(words[::2], words[1::2], strict=False))
-        if len(words) % 2 or not all(n.isdigit() and int(n) > 0 for _, n in pairs):
+        if len(words) % 2 or not all(n.isascii() and n.isdigit() and int(n) > 0 for _, n in pairs):
             raise PoprunError(
                 MCPU_HOSTS, text, "is not 'host slots host slots ...'",
                 "run poprun inside the job LSF gave you (bsub), unchanged",
