@@ -203,7 +203,9 @@ class EndingPolicy:
         self.now.reading = False
 
     def signal_received(self, signum: int) -> list[Action]:
-        """SIGINT/SIGTERM/SIGHUP: the first is forwarded, a second kills the instances at once."""
+        """SIGINT/SIGTERM/SIGHUP: the first is forwarded (a SIGTERM with ``--sigterm-grace``
+        is held back for the grace, the instances told to save now), a second kills the
+        instances at once and cancels a SIGTERM still held back."""
         now = self.now
         now.signals.append(signum)
         name = _name(signum)
@@ -215,6 +217,7 @@ class EndingPolicy:
             now.kill_at = self._sooner(now.kill_at, self.clock() + self.grace_s)
             return [Action(Do.FORWARD, f"received {name}: forwarding it to mpirun", signum)]
         now.instances_killed = True
+        now.forward_at = None  # the held-back SIGTERM: nothing left to forward it to
         now.kill_at = self.clock() + MPIRUN_GRACE_S
         return [
             Action(

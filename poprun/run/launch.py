@@ -64,8 +64,12 @@ def descriptors_needed(config: RunConfig, topology: Topology) -> int:
 
 
 def raise_file_limit(needed: int) -> None:
-    """A soft ``RLIMIT_NOFILE`` below ``needed`` goes up to the hard limit (mpirun and the
-    instances inherit it); a hard limit below it is a usage error, before any launch."""
+    """A soft ``RLIMIT_NOFILE`` below ``needed`` goes up to four times ``needed`` or 65,536
+    (room for mpirun's own and what the count leaves out), at most the hard limit: mpirun
+    and the instances inherit it, and
+    a container's hard limit (2^20 and more) would make programs that close or scan every
+    descriptor up to the limit slow. A hard limit below ``needed`` is a usage error, before
+    any launch."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -80,9 +84,11 @@ def raise_file_limit(needed: int) -> None:
             f"raise the hard limit by {needed - hard} or more (ulimit -Hn {needed}, as root, "
             f"or nofile in /etc/security/limits.conf), or run fewer instances on this host",
         )
+    wanted = max(4 * needed, 65536)
+    wanted = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError):  # an unlimited hard limit may be above the kernel's
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError):  # an unlimited hard limit: the kernel's may be lower
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 

@@ -41,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -112,11 +113,14 @@ def launched_by_scheduler(
 
 
 def _attempts(args: Sequence[str]) -> int:
-    """ssh's ``ConnectionAttempts`` among ``-o`` options (1 when not given)."""
+    """ssh's ``ConnectionAttempts`` among ``-o`` options (1 when not given): ``-o
+    ConnectionAttempts=N``, ``-oConnectionAttempts=N`` or ``-o "ConnectionAttempts N"``."""
     found = 1
     for word in args:
-        key, _, value = word.partition("=")
-        if key.lower() == "connectionattempts" and value.isdigit():
+        word = word.removeprefix("-o").strip()
+        key, _, value = word.replace("=", " ", 1).partition(" ")
+        value = value.strip()
+        if key.lower() == "connectionattempts" and value.isascii() and value.isdigit():
             found = max(1, int(value))
     return found
 
@@ -139,16 +143,24 @@ def unreachable(
     mpirun's own, issue 33). Without a master, ``-N`` would never return: ``true`` stays.
 
     ``concurrency`` hosts are tried at a time; a try still running after ``timeout`` (times
-    ssh's own ``ConnectionAttempts``) plus a little is killed (its own process group) and
+    ssh's own ``ConnectionAttempts``, a second apart) plus a little is killed (its own process group) and
     counted as failed. A host that is not reachable *yet* (:data:`NOT_YET`) is tried again
     every :data:`RETRY_S` for up to ``wait_s``, ``say`` told once what is waited for.
     """
     base = [*command, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout:g}"]
-    limit = timeout * _attempts(command) + _SLACK_S
+    # ssh waits a second between its attempts
+    attempts = _attempts(command)
+    limit = attempts * timeout + (attempts - 1) + _SLACK_S
+
+    running = _Running()
 
     def tries(pending: Sequence[str]) -> dict[str, str]:
         argv = {h: [*base, "-N", h] if masters else [*base, h, "true"] for h in pending}
-        return run_all(list(pending), lambda host: _try(argv[host], limit), concurrency)
+
+        def one(host: str) -> str:
+            return _try(argv[host], limit, running)
+
+        return run_all(list(pending), one, concurrency, on_abort=running.kill)
 
     return wait_for(hosts, tries, wait_s=wait_s, clock=time.monotonic, pause=time.sleep, say=say)
 
@@ -192,19 +204,64 @@ def _not_yet(why: str) -> bool:
 
 
 def run_all(
-    hosts: list[str], one: Callable[[str], str], concurrency: int = CONCURRENCY
+    hosts: list[str],
+    one: Callable[[str], str],
+    concurrency: int = CONCURRENCY,
+    *,
+    on_abort: Callable[[], None] = lambda: None,
 ) -> dict[str, str]:
     """``one(host)`` for every host, ``concurrency`` at a time (a bounded pool of threads,
-    each waiting on one ssh process), as ``{host: result}``."""
+    each waiting on one ssh process), as ``{host: result}``. Interrupted (Ctrl-C), the
+    tries not begun are dropped and ``on_abort`` ends those running, so that the pool's
+    threads return at once rather than after their ssh's time-outs."""
     if len(hosts) <= 1:
         return {host: one(host) for host in hosts}
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=min(concurrency, len(hosts))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(concurrency, len(hosts)))
+    try:
         return dict(zip(hosts, pool.map(one, hosts), strict=True))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        on_abort()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
-def _try(argv: Sequence[str], limit: float) -> str:
+class _Running:
+    """The ssh tries running now, to end by their process groups when the check is
+    interrupted (each try is its own session: the group is ours alone)."""
+
+    def __init__(self) -> None:
+        self._procs: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._killed = False
+
+    def add(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._procs.add(proc)
+            if self._killed:  # started as the check was being interrupted
+                _kill_group(proc)
+
+    def discard(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def kill(self) -> None:
+        with self._lock:
+            self._killed = True
+            for proc in self._procs:
+                _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _try(argv: Sequence[str], limit: float, running: _Running | None = None) -> str:
     """Run one ssh try: "" when it succeeded, else its last line of error (or why not)."""
     try:
         proc = subprocess.Popen(
@@ -216,6 +273,17 @@ def _try(argv: Sequence[str], limit: float) -> str:
         )
     except OSError as error:
         return f"cannot run {argv[0]}: {error.strerror}"
+    if running is not None:
+        running.add(proc)
+    try:
+        return _finish(proc, limit)
+    finally:
+        if running is not None:
+            running.discard(proc)
+
+
+def _finish(proc: subprocess.Popen[bytes], limit: float) -> str:
+    """Wait for one try, at most ``limit`` seconds (then end its group): its result."""
     try:
         _, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -300,7 +368,12 @@ def check(
         command = [*command, *masters, "-o", f"ControlPersist={PERSIST_S}"]
     if len(hosts) > CONCURRENCY:
         _say(f"poprun: checking ssh to {len(hosts)} hosts, {CONCURRENCY} at a time")
-    bad = unreachable(hosts, command, masters=shared is not None, wait_s=wait_s, say=_say)
+    try:
+        bad = unreachable(hosts, command, masters=shared is not None, wait_s=wait_s, say=_say)
+    except BaseException:  # Ctrl-C (Interrupted) during the check: no master left behind
+        if shared is not None:
+            shared.close()
+        raise
     if not bad:
         return shared
     if shared is not None:

@@ -215,3 +215,21 @@ def test_an_exit_line_carries_when_the_program_ended() -> None:
     # a date without %N (busybox) or none at all: the status still counts
     assert ExitRecord.from_line(b"\x1fpoprun-exit=-9 1790000000.N\n") == ExitRecord(-9)
     assert ExitRecord.from_line(b"\x1fpoprun-exit=3 \n") == ExitRecord(3)
+
+
+def test_a_teardown_sigterm_first_by_the_clocks_does_not_contradict_the_named_host() -> None:
+    """h4's instance was killed and its record has no time; mpirun's teardown reached h2
+    0.12 s before h3. The clocks only say which teardown came first: h4 is still named."""
+    placement = {0: "h1", 1: "h2", 2: "h3", 3: "h4"}
+    ends = [
+        End(1, "h2", -signal.SIGTERM, at=100.08),
+        End(2, "h3", -signal.SIGTERM, at=100.20),
+        End(3, "h4", -signal.SIGKILL),
+    ]
+    first = first_failure(ends, placement, mpirun_first=3)
+    assert (first.host, first.instance, first.why_not) == ("h4", 3, "")
+    assert TIMES not in first.by
+    # an exit code that came first by the clocks still contradicts a host named otherwise
+    ends[0] = End(1, "h2", 1, at=100.08)
+    assert first_failure(ends, placement, mpirun_first=3).host is None
+

@@ -400,6 +400,9 @@ def test_the_check_passes_open_mpis_rsh_args_on() -> None:
     assert ssh_check.rsh_args([], env) == ["-o", "ConnectionAttempts=10", "-p", "2222"]
     assert ssh_check.rsh_args(["--mca", "plm_rsh_args", "-q"], env) == ["-q"]
     assert ssh_check._attempts(["ssh", "-o", "ConnectionAttempts=10"]) == 10
+    assert ssh_check._attempts(["ssh", "-oConnectionAttempts=4"]) == 4
+    assert ssh_check._attempts(["ssh", "-o", "ConnectionAttempts 3"]) == 3
+    assert ssh_check._attempts(["ssh", "-p", "2222"]) == 1
 
 
 # --- SIGTERM as the save-now notice (--sigterm-grace) -----------------------------------------
@@ -423,6 +426,17 @@ def test_sigterm_with_a_grace_is_the_save_now_notice_then_the_end_as_on_sigterm(
     plain = EndingPolicy(clock, remote=True)
     plain.launched()
     assert [a.do for a in plain.signal_received(15)] == [Do.FORWARD]  # no grace: as before
+
+
+def test_a_second_signal_in_the_grace_kills_now_and_forwards_nothing_later() -> None:
+    clock = Clock()
+    policy = EndingPolicy(clock, remote=True, sigterm_grace=20.0)
+    policy.launched()
+    policy.signal_received(15)
+    clock.advance(5.0)
+    assert [a.do for a in policy.signal_received(2)] == [Do.KILL_INSTANCES]
+    clock.advance(20.0)
+    assert Do.FORWARD not in [a.do for a in policy.due()]  # the held-back SIGTERM is gone
 
 
 def test_across_hosts_each_instance_dies_with_its_daemon_and_node_only_names_are_unset(
@@ -463,3 +477,27 @@ def test_qrsh_switched_off_only_by_a_true_value(tmp_path: Path) -> None:
     assert kept.allocation is not None and kept.allocation.launcher.name == "qrsh -inherit"
     off = _config(env, mpi_global_args=["--mca plm_rsh_disable_qrsh 1"], num_replicas="2")
     assert off.allocation is not None and off.allocation.launcher.ssh
+
+
+def test_an_interrupted_ssh_check_ends_its_running_tries_and_returns_at_once() -> None:
+    """Ctrl-C while a try runs: ``on_abort`` ends the running ones (their process groups,
+    in the check) and the pool does not wait out their time-outs."""
+    import threading
+    import time as clock
+
+    b_running, aborted = threading.Event(), threading.Event()
+    ended: dict[str, bool] = {}
+
+    def one(host: str) -> str:
+        if host == "a":
+            b_running.wait(5.0)
+            raise KeyboardInterrupt  # as Interrupted reaches the check
+        if host == "b":
+            b_running.set()
+            ended["b"] = aborted.wait(60.0)  # a 60 s try, ended by the abort
+        return ""
+
+    start = clock.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        ssh_check.run_all(["a", "b", "c", "d"], one, concurrency=2, on_abort=aborted.set)
+    assert ended == {"b": True} and clock.monotonic() - start < 5.0

@@ -341,3 +341,21 @@ def test_a_host_heard_from_after_the_failure_counts_as_answering() -> None:
     assert m.unasked() == ("h2", "h3")
     m.heard("h2")
     assert m.unasked() == ("h3",)
+
+
+def test_without_a_probe_command_the_watch_never_asks_the_loop_to_turn() -> None:
+    """No prober (an agent poprun cannot run itself): a silent host is never probed, so the
+    watch gives the loop no time to wake at (a time already past would make it spin)."""
+    from poprun.run.membership.watch import HostWatch
+
+    clock = Clock()
+    m = _members(clock, min_hosts=2)
+    watch = HostWatch(m, None, clock=clock)
+    try:
+        clock.advance(SILENT_S * 3)
+        watch.tick()
+        assert m.next_time() is not None and m.next_time() <= clock()  # type: ignore[operator]
+        assert watch.wait_s() is None
+    finally:
+        watch.close()
+

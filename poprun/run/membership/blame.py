@@ -7,8 +7,12 @@ after those of the instances mpirun then ended, so the order of arrival names no
 does:
 
 - **How each instance ended.** mpirun's teardown sends SIGTERM (:data:`TEARDOWN`; SIGKILL
-  follows only for a process still there ``odls_base_sigkill_timeout``, 1 s, later). Any
-  other signal, SIGKILL among them, is not mpirun's doing.
+  follows only for a process still there ``odls_base_sigkill_timeout``, 1 s, later, and an
+  instance ends at the SIGTERM). Any other signal, SIGKILL among them, is taken as not
+  mpirun's doing. (:attr:`poprun.run.evidence.ExitRecord.ended_by_the_job` counts SIGKILL
+  with the teardown: it picks a record that is certainly a failure, not who came first.) A
+  program that traps SIGTERM and lingers past that second is then "killed", and its end
+  time, after the first failure's, makes the evidence disagree rather than blame its host.
 - **mpirun's own report** (its box: "process rank 2 ... exited on signal 9"): the first
   end its daemons told it of, the one that set the teardown off.
 - **Open MPI's peer report** ("An MPI communication peer process has unexpectedly
@@ -21,9 +25,11 @@ does:
 Each of these that names someone names a host. When those that name one agree, that host
 holds the first failure (:func:`first_failure`); when none names a host, or they disagree,
 nobody is named and :attr:`FirstFailure.why_not` says why. The end times alone name a host
-only when that end is an own signal too: a SIGTERM that merely came first by the clocks may
-be the teardown of a job whose first failure poprun has no record of (on the launch host,
-whose instances poprun sees end only by their pids).
+only when that end is an own signal too, and an earliest end by the teardown's SIGTERM only
+ever confirms a host named otherwise: a SIGTERM that merely came first by the clocks may be
+the teardown of a job whose first failure has no time (on the launch host, whose instances
+poprun sees end only by their pids, or a record that never arrived), and the teardown
+reaches the other hosts in no particular order.
 
 The ends are those of the instances on other hosts (their wrappers' records). A host named
 here is not yet lost: :meth:`poprun.run.membership.members.Membership.blame` decides that.
@@ -116,7 +122,11 @@ def first_failure(
     if peer is not None:
         named.setdefault(peer, []).append(PEER)
     earliest = _earliest(failed)
-    if earliest is not None and (named or earliest.own_signal):
+    if earliest is not None and (
+        earliest.own_signal
+        or earliest.host in named
+        or (named and not earliest.by_teardown)  # an exit code before the rest: it counts
+    ):
         named.setdefault(earliest.host, []).append(TIMES)
     if not named:
         how = ", ".join(sorted({end.how() for end in failed})) or "nothing"
@@ -161,6 +171,8 @@ def _match(name: str, hosts: set[str]) -> str | None:
     """The job's host that Open MPI's name for it stands for (its whole name or first label)."""
     if name in hosts:
         return name
+    if name.replace(".", "").isdigit() or ":" in name:
+        return None  # an address: its first "label" names no host
     label = name.split(".", 1)[0]
     matches = [host for host in hosts if host.split(".", 1)[0] == label]
     return matches[0] if len(matches) == 1 else None

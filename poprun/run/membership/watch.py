@@ -137,7 +137,12 @@ class HostWatch:
         self.command = command
         self.lease = lease
         self.clock = clock
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="poprun-probe")
+        # As many at once as the ssh check tries (threads start only as probes need them):
+        # a failing attempt asks every member at once, and hundreds of hosts 4 at a time
+        # would name a crashed one only after hosts/4 probe time-outs
+        self._pool = ThreadPoolExecutor(
+            max_workers=ssh_check.CONCURRENCY, thread_name_prefix="poprun-probe"
+        )
         self._probes: dict[str, Future[str]] = {}
         self._hosts: dict[int, str] = {}
         self._reports: Callable[[], dict[int, float]] = dict
@@ -218,14 +223,17 @@ class HostWatch:
 
     def wait_s(self) -> float | None:
         """How long the loop may wait: briefly while a probe is out or a decision was put
-        off, else until the membership's next (as it said at the last decision)."""
+        off, else until the membership's next (as it said at the last decision); with no
+        probe command nothing is ever asked, so nothing to wait for (a silent host's time,
+        already past, would turn the loop at once for ever)."""
+        if self.command is None:
+            return None
         if self._probes:
             return POLL_S
         now = self.clock()
         if self._deferred:
             return max(0.0, self._decide_at - now)
-        at = self.membership.next_time() if self.command is None else self._next
-        return None if at is None else max(0.0, at - now)
+        return None if self._next is None else max(0.0, self._next - now)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
