@@ -306,10 +306,10 @@ class ProgressBoard:
         if seq - self._oldest >= KEPT_CALLS:  # forget the oldest numbers
             oldest = seq - KEPT_CALLS + 1
             if oldest - self._oldest > KEPT_CALLS:  # a jump: sweep once
-                self._by_seq = {seq: s for seq, s in self._by_seq.items() if seq >= oldest}
+                self._by_seq = {n: s for n, s in self._by_seq.items() if n >= oldest}
             else:
-                for seq in range(self._oldest, oldest):
-                    self._by_seq.pop(seq, None)
+                for n in range(self._oldest, oldest):
+                    self._by_seq.pop(n, None)
             self._oldest = oldest
 
     def snapshot(self) -> list[InstanceFigures]:
