@@ -504,3 +504,113 @@ def test_the_cpu_backend_catches_a_buffer_moved_since_the_capture() -> None:
     with pytest.raises(poptorch.ExecutorError, match="buffers moved since its capture"):
         graph.replay()
     assert backend.captures == 1 and backend.replays == 1 and copy.copy(outputs) is not None
+
+
+# -- what changes after the first call --------------------------------------------------------
+
+
+class DropoutRate(Mlp):
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, y: torch.Tensor, p: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.fc2(nn.functional.dropout(torch.tanh(self.fc1(x)), p, self.training))
+        return out, nn.functional.cross_entropy(out, y)
+
+
+def test_a_new_signature_s_warm_up_is_watched_too(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """forward(x, y, p) captured with p=0 (no random numbers), then called with p=0.5:
+    the new signature's first warm-up step draws them, so the step stays eager."""
+    rates = [0.0] * 4 + [0.5] * 4
+    results = []
+    for graphs in (False, True):
+        with cpu_graphs(monkeypatch, graphs), caplog.at_level(logging.INFO, "popdist_torch"):
+            torch.manual_seed(1)
+            model = DropoutRate()
+            wrapped = poptorch.trainingModel(model, layout(1, 1, 2)(), OPTIMIZERS["adamw"](model))
+            outs = [wrapped(*batch(4, call), p) for call, p in enumerate(rates)]
+            results.append((outs, [p.detach().clone() for p in model.parameters()], wrapped))
+    (eager_out, eager_w, _), (out, weights, wrapped) = results
+    assert all(same(a, b) for a, b in zip(eager_out, out, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(eager_w, weights, strict=True))
+    runner = wrapped.replica_runner
+    assert isinstance(runner, LocalReplicaRunner) and runner.graphs is None
+    lines = [r.getMessage() for r in caplog.records if "not captured in a graph" in r.getMessage()]
+    assert len(lines) == 1 and "random numbers (aten.bernoulli)" in lines[0], lines
+
+
+def test_a_hook_registered_after_the_capture_keeps_the_step_eager(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def between(call: int, module: nn.Module, opt: torch.optim.Optimizer) -> None:
+        if call == 3:
+            module.fc1.register_forward_hook(lambda m, args, out: None)  # type: ignore[union-attr]
+
+    kwargs: dict[str, Any] = {
+        "opts": layout(1, 1, 2),
+        "optimizer": OPTIMIZERS["adamw"],
+        "sizes": [2] * 8,
+        "between": between,
+    }
+    eager_out, eager_w, _ = train(monkeypatch, graphs=False, **kwargs)
+    with caplog.at_level(logging.INFO, logger="popdist_torch"):
+        out, weights, wrapped = train(monkeypatch, graphs=True, **kwargs)
+    runner = wrapped.replica_runner
+    assert isinstance(runner, LocalReplicaRunner) and runner.graphs is None
+    lines = [r.getMessage() for r in caplog.records if "not captured in a graph" in r.getMessage()]
+    assert len(lines) == 1 and "hooks run in the step (forward hook on fc1)" in lines[0], lines
+    assert all(same(a, b) for a, b in zip(eager_out, out, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(eager_w, weights, strict=True))
+
+
+class Masked(Mlp):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mask", torch.ones(8))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.fc2(torch.tanh(self.fc1(x)) * self.mask)
+        return out, nn.functional.cross_entropy(out, y)
+
+
+def test_a_rebound_buffer_fails_the_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.mask = new tensor``: a replay would read the old (freed) one on a GPU."""
+
+    def between(call: int, module: nn.Module, opt: torch.optim.Optimizer) -> None:
+        if call == 3:
+            module.mask = torch.full((8,), 0.5)
+
+    backend = check_equal(
+        monkeypatch,
+        opts=layout(1, 1, 2),
+        optimizer=OPTIMIZERS["sgd-momentum-decay"],
+        model=Masked,
+        sizes=[2] * 8,
+        between=between,
+    )
+    assert backend.captures == 2  # calls 2 and 6
+
+
+def test_a_new_dtype_gets_gradient_buffers_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.double()`` after a capture, the gradients set to None first (else it converts
+    the buffers too): the float32 .grad buffers cannot be the double parameters' gradients."""
+    results = []
+    for graphs in (False, True):
+        with cpu_graphs(monkeypatch, graphs):
+            torch.manual_seed(1)
+            model: nn.Module = Mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            wrapped = poptorch.trainingModel(model, layout(1, 1, 2)(), opt)
+            outs = []
+            for call in range(8):
+                dtype = torch.float32 if call < 4 else torch.float64
+                if call == 4:
+                    opt.zero_grad(set_to_none=True)
+                    model.double()
+                outs.append(wrapped(*batch(4, call, dtype)))
+            results.append((outs, [p.detach().clone() for p in model.parameters()], wrapped))
+    (eager_out, eager_w, _), (out, weights, wrapped) = results
+    assert all(same(a, b) for a, b in zip(eager_out, out, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(eager_w, weights, strict=True))
+    assert backend_of(wrapped).captures == 2 and weights[0].dtype == torch.float64

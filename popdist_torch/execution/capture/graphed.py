@@ -7,8 +7,9 @@ arguments, the tree they form. Per signature:
 
 1. *warm-up*: its first :data:`WARMUP_CALLS` calls run today's eager fused step (on the
    graph backend's side stream), so the warm-up adds no computation and draws no extra
-   random number; the very first is watched (:class:`~.facts.StepWatch`): a step that
-   a replay would not repeat turns capturing off for good, with one log line;
+   random number; the first micro-step of each signature's warm-up under a new guard is
+   watched (:class:`~.facts.StepWatch`, and the hooks then registered): a step that a
+   replay would not repeat turns capturing off for good, with one log line;
 2. *capture*: the next call's first micro-step copies its inputs into static buffers and
    is captured (forward and backward, the losses' gradient seeded from a device tensor
    holding the scale, so a new scale is data, not a new graph). The parameters' ``.grad``
@@ -20,8 +21,9 @@ arguments, the tree they form. Per signature:
    optimizer steps eagerly, as today, so any optimizer and scheduler works unchanged.
 
 Before a replay a *guard* compares what the graph baked in: the parameters' addresses and
-``requires_grad``, every module's train mode, the number of hooks; a change (or autocast,
-or grad mode off) runs that call eagerly, and a stable new signature is captured again. At
+``requires_grad``, the buffers' addresses, every module's train mode, the number of hooks; a
+change (or autocast, or grad mode off) runs that call eagerly and warms it up again, watched,
+and a stable new signature is captured again. At
 most :data:`CACHED_GRAPHS` graphs are kept (an epoch's short last batch has its own). A
 failed capture runs the step eagerly from then on, with one log line. Python state that
 ``forward`` reads (an attribute, a counter) is frozen at the capture: PopTorch's static
@@ -75,7 +77,7 @@ class _Captured:
         grads: tuple[int, ...],
     ) -> None:
         self.graph, self.inputs, self.scale, self.outputs = graph, inputs, scale, outputs
-        self.scale_value = float("nan")  # set by the first replay's fill (the capture's)
+        self.scale_value = float("nan")  # the scale the device tensor holds (set at capture)
         self.guard, self.grads = guard, grads
 
 
@@ -91,7 +93,8 @@ class GraphedSteps:
         self._warm: dict[Signature, tuple[tuple[Any, ...], int]] = {}  # guard, eager calls
         self._grads_seen: dict[Signature, tuple[int, ...]] = {}
         self._buffers: dict[int, torch.Tensor] = {}  # parameter index -> its .grad buffer
-        self._watched = False
+        self._watched: dict[Signature, tuple[Any, ...]] = {}  # the guard its warm-up was watched
+        self._watch: tuple[Any, ...] | None = None  # set: this call's first micro-step is watched
         self.off: str | None = None  #: why steps run eagerly for good (None: they may replay)
         self._key: Signature | None = None
         self._now: _Captured | None = None  # the graph this call replays
@@ -111,10 +114,13 @@ class GraphedSteps:
     def begin_call(self, batch: Batch, *, fused: bool) -> None:
         """Choose how this call runs: replay its signature's graph, capture it, or eagerly
         (a warm-up, a failed guard); ``fused``: the replicas are known to run as one vmap."""
-        self._now, self._capture_guard, self._warming = None, None, False
+        self._now, self._capture_guard, self._warming, self._watch = None, None, False, None
         key = self._signature(batch)
         if self.off is not None or key is None:
             return
+        # read again each call: a parameter or submodule rebound (load_state_dict(assign=True))
+        self._params = list(self._model.parameters())
+        self._modules = list(self._model.modules())
         self._key, guard = key, self._guard(batch)
         captured = self._graphs.get(key)
         if captured is not None:
@@ -126,11 +132,13 @@ class GraphedSteps:
         seen, count = self._warm.get(key, (guard, 0))
         if seen != guard:  # warm-up calls count under the guard the capture will bake in
             count = 0
-        if fused and count >= WARMUP_CALLS and key in self._grads_seen:
+        watched = self._watched.get(key) == guard  # a new signature, hook, mode: watched again
+        if fused and watched and count >= WARMUP_CALLS and key in self._grads_seen:
             self._capture_guard = guard
             return
         self._warm[key] = (guard, count + 1)
         self._warming = True
+        self._watch = None if watched else guard
 
     def _signature(self, batch: Batch) -> Signature | None:
         """What a replay of this call's micro-steps cannot change (None: no graph this call)."""
@@ -151,6 +159,7 @@ class GraphedSteps:
         device = batch.batched[0].device.type
         return (
             tuple((p.data_ptr(), p.requires_grad) for p in self._params),
+            tuple(b.data_ptr() for b in self._model.buffers()),  # a buffer rebound (mask = ...)
             tuple(m.training for m in self._modules),
             hook_count(self._modules, self._params),
             torch.is_grad_enabled(),
@@ -169,7 +178,7 @@ class GraphedSteps:
         for i in grads:
             param = self._params[i]
             buffer = self._buffers.get(i)
-            if buffer is None or buffer.shape != param.shape or buffer.device != param.device:
+            if buffer is None or not _fits(buffer, param):  # new shape, dtype (half()), device
                 buffer = self._buffers[i] = torch.zeros_like(param)
             param.grad = buffer
             buffers.append(buffer)
@@ -186,15 +195,18 @@ class GraphedSteps:
     # -- per micro-step -------------------------------------------------------------------
     @contextlib.contextmanager
     def warming(self) -> Iterator[None]:
-        """Around a warm-up's eager fused step: the backend's stream; the first one watched."""
+        """Around a warm-up's eager fused step: the backend's stream; the first micro-step of a
+        signature's warm-up under a new guard watched."""
         if not self._warming:
             yield
             return
-        watch = None if self._watched else StepWatch()
+        guard, self._watch = self._watch, None
+        watch = None if guard is None else StepWatch()
         with self._backend.warming(), watch if watch is not None else contextlib.nullcontext():
             yield
         if watch is not None:
-            self._watched = True
+            assert self._key is not None and guard is not None
+            self._watched[self._key] = guard
             facts = StepFacts(
                 random_ops=tuple(watch.random_ops),
                 data_dependent_ops=tuple(watch.data_dependent_ops),
@@ -231,10 +243,12 @@ class GraphedSteps:
         seed = torch.full((), scale, dtype=torch.float64, device=inputs[0].device)
         grads = self._grads_seen[key]
         watched = [self._params[i] for i in grads]
+        model = self._model
 
         def addresses() -> tuple[int, ...]:
             held = [p.grad.data_ptr() if p.grad is not None else 0 for p in watched]
-            return (*(t.data_ptr() for t in statics), seed.data_ptr(), *held)
+            weights = [t.data_ptr() for t in (*model.parameters(), *model.buffers())]
+            return (*(t.data_ptr() for t in statics), seed.data_ptr(), *held, *weights)
 
         try:
             graph, outputs = self._backend.capture(lambda: run(statics, seed), addresses)
@@ -267,6 +281,16 @@ class GraphedSteps:
         self._graphs.clear()
         self._buffers.clear()
         self._now, self._capture_guard, self._warming = None, None, False
+
+
+def _fits(buffer: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether ``buffer`` can be ``param``'s ``.grad``, laid out as a fresh gradient would be."""
+    return (
+        buffer.shape == param.shape
+        and buffer.dtype == param.dtype
+        and buffer.device == param.device
+        and buffer.stride() == param.stride()
+    )
 
 
 def _cloned(tree: Any) -> Any:
