@@ -614,3 +614,76 @@ def test_a_new_dtype_gets_gradient_buffers_of_its_own(monkeypatch: pytest.Monkey
     assert all(same(a, b) for a, b in zip(eager_out, out, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(eager_w, weights, strict=True))
     assert backend_of(wrapped).captures == 2 and weights[0].dtype == torch.float64
+
+
+# -- the CUDA backend's streams, on fakes ----------------------------------------------------
+
+
+class FakeStream:
+    def __init__(self, name: str = "side", device: Any = None) -> None:
+        self.name = name
+        self.waited: list[str] = []
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.waited.append(other.name)
+
+
+class FakeCuda:
+    """What CudaGraphs calls of torch.cuda: one thread's current stream, a capture whose end
+    fails as torch's does (``torch.cuda.graph`` then leaves the side stream current)."""
+
+    def __init__(self) -> None:
+        self.caller = self.current = FakeStream("caller")
+
+    def current_stream(self, device: Any = None) -> FakeStream:
+        return self.current
+
+    def set_stream(self, stream: FakeStream) -> None:
+        self.current = stream
+
+    @contextlib.contextmanager
+    def stream(self, stream: FakeStream) -> Iterator[None]:
+        before, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = before
+
+    @contextlib.contextmanager
+    def graph(self, graph: Any, stream: FakeStream, capture_error_mode: str) -> Iterator[None]:
+        before, self.current = self.current, stream
+        yield
+        raise RuntimeError("operation failed due to a previous error during capture")
+        self.current = before  # what capture_end skips when it raises
+
+    def synchronize(self, device: Any = None) -> None:
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
+    cuda = FakeCuda()
+    for name in ("current_stream", "set_stream", "stream", "graph", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    return cuda
+
+
+def test_a_failed_cuda_capture_raises_its_own_error_on_the_caller_s_stream(
+    fake_cuda: FakeCuda,
+) -> None:
+    backend = seam.CudaGraphs(torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match="during capture"):
+        backend.capture(lambda: None, lambda: ())
+    assert fake_cuda.current is fake_cuda.caller and backend.captures == 0
+
+
+def test_a_failed_warm_up_step_leaves_the_caller_s_stream_waiting_for_it(
+    fake_cuda: FakeCuda,
+) -> None:
+    backend = seam.CudaGraphs(torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="the step"), backend.warming():
+        assert fake_cuda.current is backend.stream
+        raise ValueError("the step")
+    assert fake_cuda.current is fake_cuda.caller and fake_cuda.caller.waited == ["side"]

@@ -112,19 +112,30 @@ class CudaGraphs(GraphBackend):
     def warming(self) -> Iterator[None]:
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
-            yield
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        except BaseException:  # later work on the caller's stream waits for the step's too
+            with contextlib.suppress(Exception):  # the step's error is the one to see
+                current.wait_stream(self.stream)
+            raise
         current.wait_stream(self.stream)
 
     def capture(self, step: Callable[[], Any], addresses: Addresses) -> tuple[Graph, Any]:
         graph = torch.cuda.CUDAGraph()
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        caller = torch.cuda.current_stream()  # of this thread's current device
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
         try:
             with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
                 outputs = step()
         except BaseException:
-            torch.cuda.synchronize(self.device)
+            with contextlib.suppress(Exception):  # the capture's error is the one to see
+                torch.cuda.synchronize(self.device)
             raise
+        finally:  # torch.cuda.graph leaves the side stream current when capture_end raises
+            torch.cuda.set_stream(current)
+            torch.cuda.set_stream(caller)  # and the caller's device, as torch.cuda.stream does
         self.captures += 1
         graph.replay()  # the capture recorded the step; this runs it, once
         return _Cuda(self, graph), outputs
