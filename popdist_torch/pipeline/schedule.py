@@ -490,7 +490,7 @@ class _Step:
         self.grad_scale = grad_scale
         self.position = {spec.index: i for i, spec in enumerate(self.active)}
         self.candidates = loss_candidates(plan) if training else []
-        self.loss = self.candidates[0] if len(self.candidates) == 1 else plan.loss
+        self.loss = plan.loss  # the loss rule decides at the first step, one candidate too
         self.exchange = _Exchange()
         self.outputs: dict[tuple[int, int], list[Any]] = {}  # (stage, micro-batch) -> outputs
         self.wanted = {
@@ -579,9 +579,9 @@ class _Step:
             saved[m] = (inputs, result)
 
     def _loss(self) -> Source:
-        """The loss: the one candidate, else the loss rule on micro-batch 0's values (the
-        output ``identity_loss`` marked, else a dict's ``"loss"``, else a tuple's last or
-        first loss-like element), kept in the plan."""
+        """The loss: the loss rule on micro-batch 0's values (the output ``identity_loss``
+        marked, else the output itself, a dict's ``"loss"``, a tuple's last or first
+        loss-like element), kept in the plan; a single candidate is checked as any other."""
         if self.loss is None:
             flags = {id(c): self.exchange.get(("loss?", c), keep=True) for c in self.candidates}
 

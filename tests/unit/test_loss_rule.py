@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import popdist_torch as poptorch
+from popdist_torch.pipeline import PipelineError
 from popdist_torch.surface.loss import find_loss, loss_path, watching_losses
 
 pytestmark = pytest.mark.unit
@@ -206,3 +207,25 @@ def test_a_pipelined_loss_returned_twice_is_one_loss() -> None:
     )
     loss, raw = training(torch.randn(4, 3))
     assert loss.shape == raw.shape == (1,)
+
+
+def test_a_staged_model_returning_only_logits_is_refused_as_unstaged() -> None:
+    """One value returned (its logits): the loss rule applies to it too, so the traced
+    pipeline refuses it, as the unstaged executor does, instead of training on its sum."""
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = poptorch.BeginBlock(nn.Linear(3, 3), "a", ipu_id=0)
+            self.b = poptorch.BeginBlock(nn.Linear(3, 2), "b", ipu_id=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    with pytest.raises(poptorch.ExecutorError, match="scalar per micro-batch"):
+        poptorch.trainingModel(nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2)))(torch.randn(2, 3))
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    with pytest.raises(PipelineError, match="training needs the model's forward to return"):
+        poptorch.trainingModel(Logits(), opts)(torch.randn(4, 3))
