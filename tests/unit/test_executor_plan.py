@@ -89,9 +89,7 @@ def test_the_optimizer_state_is_sharded_only_across_instances() -> None:
 def test_the_deterministic_reduction_has_its_own_runner_and_refuses_stages() -> None:
     o = opts(2)
     o.Training.deterministicReduction()
-    plan = resolve(
-        o, UNSTAGED, gpu(communicates=True, replica_counts=(2, 1)), training=True
-    )
+    plan = resolve(o, UNSTAGED, gpu(communicates=True, replica_counts=(2, 1)), training=True)
     assert plan.runner == "deterministic" and not plan.reducer and plan.mean_over == 3
     assert plan.capture_refusal == "the deterministic reduction runs the replicas one by one"
     with pytest.raises(ExecutorError, match="a model split into stages cannot use it"):
@@ -227,7 +225,7 @@ def test_model_facts_read_stages_and_output_anchors() -> None:
 
 
 def test_eight_replicas_on_one_of_eight_gpus_say_so_with_the_launch_that_uses_them() -> None:
-    note = idle_gpus_note(visible=8, used=1, local_replicas=8, replicas=8, devices_per_replica=1)
+    note = idle_gpus_note(visible=8, used=1, local_replicas=8, instances=1, devices_per_replica=1)
     assert note == (
         "popdist_torch: this instance computes on 1 of the 8 GPUs it sees (its 8 local "
         "replicas share cuda:0; 7 idle); to use every GPU run one instance per GPU: poprun "
@@ -236,22 +234,31 @@ def test_eight_replicas_on_one_of_eight_gpus_say_so_with_the_launch_that_uses_th
 
 
 def test_staged_replicas_name_their_gpus_per_replica() -> None:
-    note = idle_gpus_note(visible=4, used=2, local_replicas=2, replicas=4, devices_per_replica=2)
+    note = idle_gpus_note(visible=4, used=2, local_replicas=2, instances=1, devices_per_replica=2)
     assert note is not None
     assert (
         "computes on 2 of the 4 GPUs it sees (its 2 local replicas share cuda:0-1; 2 idle)" in note
     )
     assert note.endswith(
-        "one instance per replica, 2 GPUs each: poprun --num-instances 4 --num-replicas 4 "
+        "one instance per replica, 2 GPUs each: poprun --num-instances 2 --num-replicas 2 "
         "--ipus-per-replica 2"
     )
+
+
+def test_one_replica_on_eight_gpus_is_told_the_launch_of_eight() -> None:
+    """replicationFactor(1) on an 8-GPU machine: --num-replicas 1 would still use one GPU."""
+    note = idle_gpus_note(visible=8, used=1, local_replicas=1, instances=1, devices_per_replica=1)
+    assert note is not None and note.endswith("poprun --num-instances 8 --num-replicas 8")
+    assert "(cuda:0; 7 idle)" in note
+    two = idle_gpus_note(visible=4, used=1, local_replicas=2, instances=2, devices_per_replica=1)
+    assert two is not None and two.endswith("--num-instances 8 --num-replicas 8")  # 4 GPUs each
 
 
 @pytest.mark.parametrize(("visible", "used"), [(1, 1), (4, 4), (0, 0), (4, 0)])
 def test_no_note_when_every_gpu_or_none_is_used(visible: int, used: int) -> None:
     assert (
         idle_gpus_note(
-            visible=visible, used=used, local_replicas=4, replicas=4, devices_per_replica=1
+            visible=visible, used=used, local_replicas=4, instances=1, devices_per_replica=1
         )
         is None
     )

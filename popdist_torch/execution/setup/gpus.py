@@ -20,16 +20,18 @@ __all__ = ["announce_idle_gpus", "idle_gpus_note"]
 
 
 def idle_gpus_note(
-    *, visible: int, used: int, local_replicas: int, replicas: int, devices_per_replica: int
+    *, visible: int, used: int, local_replicas: int, instances: int, devices_per_replica: int
 ) -> str | None:
     """The line an instance that computes on ``used`` of its ``visible`` GPUs prints (None
     when it uses them all, or computes on none): how many it uses and the launch that uses
-    every GPU, one instance per replica, each on its own ``devices_per_replica`` GPUs
-    (``replicas``: the replicas of the whole run)."""
+    every GPU, one instance per replica, each on its own ``devices_per_replica`` GPUs: as
+    many replicas as the run's ``instances`` (each seeing its own GPUs, as poprun gives
+    them) have GPUs for, not the replicas it runs now (one replica would still use one)."""
     if used < 1 or used >= visible:
         return None
     who = f"its {local_replicas} local replicas share " if local_replicas > 1 else ""
     which = "cuda:0" if used == 1 else f"cuda:0-{used - 1}"
+    replicas = instances * max(1, visible // devices_per_replica)
     launch = f"poprun --num-instances {replicas} --num-replicas {replicas}"
     each = "one instance per GPU"
     if devices_per_replica > 1:
@@ -58,7 +60,7 @@ def announce_idle_gpus(plan: ExecutorPlan, world: World, opts: Options) -> None:
         visible=world.visible_gpus,
         used=used,
         local_replicas=opts.replication_factor,
-        replicas=sum(world.replica_counts),
+        instances=len(world.replica_counts),
         devices_per_replica=devices,
     )
     if note is not None and note not in _ANNOUNCED:
