@@ -7,7 +7,7 @@ the result is the frozen plan and the loader's first :class:`Seeds`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,7 +161,7 @@ def _batched(
 def _sampled(plan: LoaderPlan, sampler: Any, seeds: Seeds) -> tuple[LoaderPlan, Seeds]:
     """The user's sampler, sharded: each epoch, this instance's part of its sequence
     (:func:`~popdist_torch.data.epoch_order.sampled_indices`)."""
-    seeded = getattr(sampler, "generator", False) is None  # RandomSampler(ds): torch's RNG
+    seeded = _seeds_sampler(sampler)
     plan = dataclasses.replace(plan, source=SAMPLED, seeds_sampler=seeded)
     num_samples = check_sampler(plan, sampler, seeds.shuffle)
     if seeded:
@@ -169,6 +169,16 @@ def _sampled(plan: LoaderPlan, sampler: Any, seeds: Seeds) -> tuple[LoaderPlan, 
     plan = dataclasses.replace(plan, num_samples=num_samples)
     length = len(sampled_indices(plan, range(num_samples)))
     return dataclasses.replace(plan, epoch_length=length), seeds
+
+
+def _seeds_sampler(sampler: Any) -> bool:
+    """Whether the loader seeds ``sampler``'s draw each epoch: it has no generator of its own
+    (``RandomSampler(ds)``'s ``generator=None``, or none at all, a user's own sampler: torch
+    would draw from each process's global generator), unless its order is fixed
+    (``SequentialSampler``, a sequence of indices)."""
+    if isinstance(sampler, (tud.SequentialSampler, Sequence)):
+        return False
+    return getattr(sampler, "generator", None) is None
 
 
 def _by_index(plan: LoaderPlan, dataset: Any, seeds: Seeds) -> tuple[LoaderPlan, Seeds]:

@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Sized
 from typing import Any
 
+from torch.utils.data import DistributedSampler
+
 from popdist_torch.data.plan import DEFAULT_BUFFER_SIZE, ORDERS, LoaderPlan
 from popdist_torch.enums import DataLoaderMode
 from popdist_torch.errors import DataLoaderError
@@ -171,6 +173,13 @@ def warn_uneven(num_samples: int, combined: int, processes: int, process_id: int
 def check_sampler(plan: LoaderPlan, sampler: Any, seed: int | None) -> int:
     """Check a ``sampler`` the loader shards (source ``SAMPLED``); returns ``len(sampler)``."""
     name = type(sampler).__name__
+    if isinstance(sampler, DistributedSampler) and plan.processes > 1:
+        raise DataLoaderError(
+            f"DataLoader(sampler={name}) is already split per process, and the loader shards "
+            f"its sampler over the {plan.processes} processes again (each would load a part "
+            "of its part): pass the sampler it splits (RandomSampler(dataset), or no sampler "
+            "and shuffle=True), or auto_distributed_partitioning=False to keep its split"
+        )
     if not isinstance(sampler, Sized):
         raise DataLoaderError(
             f"DataLoader(sampler={name}) is sharded over {plan.processes} process(es) one "
@@ -179,11 +188,12 @@ def check_sampler(plan: LoaderPlan, sampler: Any, seed: int | None) -> int:
         )
     if plan.seeds_sampler and plan.processes > 1 and seed is None:
         raise DataLoaderError(
-            f"DataLoader(sampler={name}) draws its order from a generator it was not given: "
-            f"with {plan.processes} processes every process must draw the same one: call "
-            "options.randomSeed(<int>) before building the DataLoader (the loader then seeds "
-            "the sampler's generator each epoch), or give the sampler a generator seeded "
-            "the same on every process"
+            f"DataLoader(sampler={name}) draws its order from no generator of its own "
+            f"(generator=None, or no generator attribute): with {plan.processes} processes "
+            "every process must draw the same one: call options.randomSeed(<int>) before "
+            "building the DataLoader (the loader then seeds each epoch's draw: the sampler's "
+            "generator, or torch's for a sampler without one), or give the sampler a "
+            "generator seeded the same on every process"
         )
     num_samples, width = len(sampler), sum(plan.combined_sizes())
     if num_samples == 0:

@@ -112,15 +112,21 @@ def sampler_epoch(sampler: Iterable[int], seed: int | None, epoch: int) -> list[
 
     ``seed`` (a sampler whose ``generator`` is ``None``, such as ``RandomSampler(ds)``): the
     epoch is drawn from a generator seeded from ``seed`` and ``epoch``, given to the sampler
-    for the draw only (torch would draw from each process's own global generator). Otherwise
-    the sampler's own order, from its own generator where it has one.
+    for the draw only (torch would draw from each process's own global generator); a sampler
+    with no ``generator`` attribute draws from torch's global generator, so seeded for the
+    draw and put back after it. Otherwise the sampler's own order, from its own generator
+    where it has one.
     """
     if seed is None:
         return [int(i) for i in sampler]
+    if not hasattr(sampler, "generator"):
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(sampler_seed(seed, epoch))
+            return [int(i) for i in sampler]
     generator = torch.Generator()
     generator.manual_seed(sampler_seed(seed, epoch))
-    sampler.generator = generator  # type: ignore[attr-defined]
+    sampler.generator = generator
     try:
         return [int(i) for i in sampler]
     finally:
-        sampler.generator = None  # type: ignore[attr-defined]
+        sampler.generator = None

@@ -188,3 +188,50 @@ def test_a_sharded_sampler_resumes_mid_epoch() -> None:
     resumed = loader()
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == whole[1][1:]
+
+
+def test_a_distributed_sampler_is_refused_where_the_loader_shards_it() -> None:
+    dataset = Indices(8)
+    split = tud.DistributedSampler(dataset, num_replicas=2, rank=0, shuffle=False)
+    with pytest.raises(DataLoaderError, match=r"DistributedSampler\) is already split per process"):
+        DataLoader(make_options(0, 2, seed=1), dataset, batch_size=2, sampler=split)
+    kept = DataLoader(
+        make_options(0, 2, seed=1),
+        dataset,
+        batch_size=2,
+        sampler=split,
+        auto_distributed_partitioning=False,
+    )
+    assert [b.tolist() for b in kept] == [[0, 2], [4, 6]]  # its own split, as it is
+
+
+class GlobalRandom(tud.Sampler[int]):
+    """A user's random sampler with no ``generator``: torch's global generator decides."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.randperm(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_a_sampler_without_a_generator_is_seeded_by_the_loader() -> None:
+    """Each process's global generator differs; the loader seeds the draw, so the union over
+    the processes is one permutation, and the global generator is left where it was."""
+    n = 24
+    with pytest.raises(DataLoaderError, match=r"randomSeed\(<int>\)"):
+        DataLoader(make_options(0, 2), Indices(n), batch_size=2, sampler=GlobalRandom(n))
+    per_process = []
+    for p in range(2):
+        loader = DataLoader(
+            make_options(p, 2, seed=SEED), Indices(n), batch_size=2, sampler=GlobalRandom(n)
+        )
+        torch.manual_seed(100 + p)  # what each process drew before differs
+        state = torch.get_rng_state()
+        per_process.append([b.tolist() for b in loader])
+        assert torch.equal(torch.get_rng_state(), state)
+    got = interleave(per_process)
+    assert sorted(got) == list(range(n)) and got != list(range(n))
