@@ -3,7 +3,9 @@
 A :class:`ReplicaRunner` runs, for one device iteration, every accumulation step of every
 local replica: :meth:`~ReplicaRunner.forward_backward` (training: gradients summed into
 ``.grad``, then reduced across instances) or :meth:`~ReplicaRunner.forward` (inference).
-The executor picks one with :func:`make_runner` when the model is wrapped:
+The executor's plan names one when the model is wrapped, and
+:func:`popdist_torch.execution.setup.build.runner_for` builds it (through :func:`make_runner`
+for these two; the deterministic reduction has its own):
 
 - :class:`LocalReplicaRunner`: the whole model per replica. Local replicas share one set of
   weights, so the replicas of one accumulation step run as one ``torch.func.vmap`` over a
@@ -318,33 +320,26 @@ def _has_running_stats(model: nn.Module) -> bool:
     )
 
 
-def uses_stages(model: nn.Module, options: Options) -> bool:
-    """Whether ``model`` runs split into stages (a strategy, or block annotations)."""
-    from popdist_torch.pipeline import has_block_annotations
-
-    return options.execution_strategy is not None or has_block_annotations(model)
-
-
 def make_runner(
     model: nn.Module,
     options: Options,
     *,
     reducer: GradientReducer | None,
     zero_grad: Callable[[], None] | None = None,
-    staged: bool | None = None,
+    staged: bool = False,
     device_type: str = "cpu",
     graphs: GraphedSteps | None = None,
     stage_gpus: int | None = None,
 ) -> ReplicaRunner:
     """The runner for ``model`` under ``options``; ``zero_grad`` restarts an update.
 
-    ``staged`` forces the choice (the executor stages a model whose first forward placed
-    ``Block`` contexts); by default a model is staged when :func:`uses_stages` says so.
+    ``staged``: the plan's runner is ``"staged"`` (an execution strategy, block annotations,
+    or ``Block`` contexts placed at the first forward), else the local replicas' runner.
     ``device_type`` is where the replicas compute (``torch.autocast``'s device);
     ``graphs`` captures the local replicas' fused training step; ``stage_gpus`` is how many
     GPUs the stages may use (``None``: every GPU the process sees).
     """
-    if not (uses_stages(model, options) if staged is None else staged):
+    if not staged:
         autocast = None
         precision = options.Precision
         if precision.autocast_enabled:

@@ -46,12 +46,13 @@ def test_one_cpu_instance_runs_its_replicas_locally_with_no_reducer() -> None:
     assert (plan.device, plan.runner, plan.reducer, plan.shards) == (CPU, "local", False, False)
     assert plan.mean_over is None and plan.watch_blocks and not plan.outputs_to_host
     assert plan.capture_refusal == "the device has no graph capture (CUDA graphs)"
+    assert not plan.captures
 
 
 def test_a_gpu_instance_computes_there_and_may_capture_its_fused_step() -> None:
     plan = resolve(opts(), UNSTAGED, gpu(), training=True)
     assert plan.device == CUDA0 and plan.outputs_to_host and plan.stage_gpus == 0
-    assert plan.capture_refusal is None
+    assert plan.capture_refusal is None and plan.captures
 
 
 def test_several_instances_reduce_with_hooks_and_average_an_even_split() -> None:

@@ -9,12 +9,13 @@ the same kernels every call, so the choice is conservative, and asked twice:
   replicas' runner (not pipeline stages, not the deterministic reduction), one instance
   (the cross-instance reducer's hooks are Python), no ``Output___`` anchor (a forward
   hook), no autocast (the replicas then run in turn);
-- :func:`step_refusal`, once the first fused step has run eagerly and been watched
-  (:class:`StepFacts`): the replicas ran as one ``vmap`` (not in turn: BatchNorm running
-  statistics, a model ``vmap`` cannot run, activation checkpointing), no random numbers
-  (dropout: until a GPU shows replayed masks equal eager ones), no operation whose result
-  or shape depends on the data (``.item()``, ``nonzero``), no saved-tensor hooks
-  (activation checkpointing, offloading), no module or tensor hooks, no 0-dim tensor
+- :func:`step_refusal`, from what a signature's first eager fused step showed, watched
+  again after any change the replay's guard sees (:class:`StepFacts`): the replicas ran as
+  one ``vmap`` (not in turn: BatchNorm running statistics, a model ``vmap`` cannot run,
+  activation checkpointing), no random numbers (dropout: until a GPU shows replayed masks
+  equal eager ones), no operation whose result or shape depends on the data (``.item()``,
+  ``nonzero``), no saved-tensor hooks (activation checkpointing, offloading), no hook
+  registered then (a module's, a global module hook, a parameter's), no 0-dim tensor
   argument (a replay would keep the first call's value).
 
 Each returns ``None`` (eligible) or the reason, in words, for the one log line.

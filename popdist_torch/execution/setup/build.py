@@ -15,7 +15,7 @@ from torch import nn
 
 from popdist.collectives.base import Collectives
 from popdist_torch.execution.capture.graphed import GraphedSteps
-from popdist_torch.execution.capture.seam import backend_for
+from popdist_torch.execution.capture.seam import BACKENDS
 from popdist_torch.execution.deterministic import DeterministicReplicaRunner, ReplicaGradients
 from popdist_torch.execution.reducer import GradientReducer
 from popdist_torch.execution.runners import ReplicaRunner, make_runner
@@ -46,10 +46,9 @@ def runner_for(
         )
         return DeterministicReplicaRunner(model, rows)
     graphs = None
-    make = backend_for(plan.device)
-    if plan.capture_refusal is None and make is not None:
-        graphs = GraphedSteps(model, make(plan.device))
-    elif plan.training and make is not None and plan.runner == "local":
+    if plan.capture_refusal is None:  # the plan allows it only where the device captures
+        graphs = GraphedSteps(model, BACKENDS[plan.device.type](plan.device))
+    elif plan.training and plan.captures and plan.runner == "local":
         log.info(
             "the training micro-step runs eagerly, not captured in a graph: %s",
             plan.capture_refusal,

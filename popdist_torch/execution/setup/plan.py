@@ -72,9 +72,10 @@ class ExecutorPlan:
     reduction averages (a Mean over an even split); ``mean_over``: the replicas a Mean
     divides each loss by (``None``: this instance's); ``shards``: the optimizer state is
     sharded over the instances; ``watch_blocks``: the first call watches for placed
-    ``Block`` contexts; ``autocast``: the autocast type's name; ``capture_refusal``: why
-    the fused micro-step is not captured in a graph (``None``: it may be, once the first
-    calls have shown it is a fixed sequence of kernels).
+    ``Block`` contexts; ``autocast``: the autocast type's name; ``captures``: ``device``
+    has a graph backend (the world's); ``capture_refusal``: why the fused micro-step is not
+    captured in a graph (``None``: it may be, once the first calls have shown it is a fixed
+    sequence of kernels).
     """
 
     training: bool
@@ -89,6 +90,7 @@ class ExecutorPlan:
     replica_counts: tuple[int, ...]
     watch_blocks: bool
     autocast: str | None
+    captures: bool
     capture_refusal: str | None
 
     @property
@@ -133,5 +135,6 @@ def resolve(options: Options, facts: ModelFacts, world: World, *, training: bool
         replica_counts=counts,
         watch_blocks=not facts.staged,
         autocast=autocast,
+        captures=world.captures,
         capture_refusal=refusal,
     )
