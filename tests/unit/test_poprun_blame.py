@@ -232,4 +232,3 @@ def test_a_teardown_sigterm_first_by_the_clocks_does_not_contradict_the_named_ho
     # an exit code that came first by the clocks still contradicts a host named otherwise
     ends[0] = End(1, "h2", 1, at=100.08)
     assert first_failure(ends, placement, mpirun_first=3).host is None
-

@@ -358,4 +358,3 @@ def test_without_a_probe_command_the_watch_never_asks_the_loop_to_turn() -> None
         assert watch.wait_s() is None
     finally:
         watch.close()
-
