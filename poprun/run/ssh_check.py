@@ -143,8 +143,8 @@ def unreachable(
     mpirun's own, issue 33). Without a master, ``-N`` would never return: ``true`` stays.
 
     ``concurrency`` hosts are tried at a time; a try still running after ``timeout`` (times
-    ssh's own ``ConnectionAttempts``, a second apart) plus a little is killed (its own process group) and
-    counted as failed. A host that is not reachable *yet* (:data:`NOT_YET`) is tried again
+    ssh's own ``ConnectionAttempts``, a second apart) plus a little is killed (its own
+    process group) and counted as failed. A host that is not reachable *yet* (:data:`NOT_YET`) is tried again
     every :data:`RETRY_S` for up to ``wait_s``, ``say`` told once what is waited for.
     """
     base = [*command, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout:g}"]
