@@ -15,6 +15,7 @@ paths read from the instances' memory maps before they were killed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -191,22 +192,52 @@ def remove_session_files(mpirun_pid: int, env: Mapping[str, str], segments: set[
 PRIVATE_PREFIXES = ("poprun-output-", "poprun-ssh-")
 
 
+#: The locks poprun holds on its own private directories, open until it exits.
+_HELD: list[int] = []
+
+
 def private_dir(prefix: str) -> str:
-    """A new private directory ``$TMPDIR/<prefix><poprun's pid>-<random>``.
+    """A new private directory ``$TMPDIR/<prefix><poprun's pid>-<random>``, locked
+    (``flock``) for as long as this poprun runs.
 
     A poprun killed by SIGKILL cannot remove its directories; the next poprun of the same
     user does: first it removes every ``<one of PRIVATE_PREFIXES><pid>-*`` directory it owns
-    whose pid no longer runs (a pid that runs again as another process keeps its
-    directory: nothing of a live process is touched).
+    whose pid no longer runs and whose lock nobody holds (a pid that runs again as another
+    process keeps its directory: nothing of a live process is touched). The lock is what
+    counts across PID namespaces: a poprun in a container of its own (a pod's PID 1) that
+    shares ``/tmp`` sees none of the others' pids, and took their live directories for dead
+    (an ssh master's socket directory went from under a running check).
     """
     assert prefix in PRIVATE_PREFIXES, prefix
     base = tempfile.gettempdir()
     with contextlib.suppress(OSError):
         for entry in os.scandir(base):
             pid = _owner_pid(entry)
-            if pid is not None and not alive(pid):
+            if pid is not None and not alive(pid) and not _locked(entry.path):
                 shutil.rmtree(entry.path, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
+    path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)  # not inherited (close-on-exec)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _HELD.append(fd)
+    return path
+
+
+def _locked(path: str) -> bool:
+    """Whether a live process (of any PID namespace) holds ``path``'s lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing it lets go of a lock it took
+    return False
 
 
 def _owner_pid(entry: os.DirEntry[str]) -> int | None:

@@ -3,6 +3,7 @@ the next poprun of the same user, which removes those whose poprun is gone."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from pathlib import Path
@@ -41,3 +42,29 @@ def test_a_dead_popruns_directory_is_removed_and_a_live_ones_kept(
     stale_ssh.mkdir()
     leftovers.private_dir("poprun-output-")
     assert not stale_ssh.exists()
+
+
+def test_a_locked_directory_is_kept_whatever_its_pid_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poprun in a container of its own (a pod's PID 1) shares /tmp but none of the pids:
+    another namespace's live poprun holds its directory's lock, and its directory stays."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    theirs = tmp_path / f"poprun-ssh-{_a_pid_nobody_has()}-abc"  # its pid means nothing here
+    theirs.mkdir()
+    fd = os.open(theirs, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as that poprun holds it
+        made = leftovers.private_dir("poprun-ssh-")
+        assert theirs.exists()
+        # this poprun's own directory is locked too: another poprun keeps it
+        probe = os.open(made, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(probe)
+    finally:
+        os.close(fd)
+    leftovers.private_dir("poprun-ssh-")  # the lock gone with its process: removed
+    assert not theirs.exists()
