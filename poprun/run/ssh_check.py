@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from poprun.config.options import SSH_WAIT_S
 from poprun.errors import PoprunError
+from poprun.plan.engines.allocation import mca_value
 from poprun.run import leftovers
 
 #: ssh's own connection time-out, and how much longer one try may take.
@@ -72,22 +73,13 @@ NOT_YET = (
 )  # fmt: skip
 
 
-def _mca(args: Sequence[str], name: str, default: str) -> str:
-    """The last ``--mca NAME VALUE`` in ``args``, else ``default``."""
-    value = default
-    for i, arg in enumerate(args[:-2]):
-        if arg in ("--mca", "-mca", "--gmca", "-gmca") and args[i + 1] == name:
-            value = args[i + 2]
-    return value
-
-
 def agent(global_args: Sequence[str], environ: Mapping[str, str]) -> list[str] | None:
     """Open MPI's launch agent as an argv prefix; None when it is not ssh-like.
 
     ``--mca plm_rsh_agent X`` in the mpirun args wins over ``OMPI_MCA_plm_rsh_agent``;
     the default is ``ssh``. Open MPI's ``A : B`` list means "A, else B": the first is taken.
     """
-    value = _mca(global_args, "plm_rsh_agent", environ.get("OMPI_MCA_plm_rsh_agent", "ssh"))
+    value = mca_value(global_args, "plm_rsh_agent", environ.get("OMPI_MCA_plm_rsh_agent", "ssh"))
     words = shlex.split(value.split(":", 1)[0])
     if not words or "ssh" not in os.path.basename(words[0]):
         return None
@@ -97,7 +89,9 @@ def agent(global_args: Sequence[str], environ: Mapping[str, str]) -> list[str] |
 def rsh_args(global_args: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     """The arguments Open MPI adds to every agent call (``plm_rsh_args``: a Kubernetes
     MPIJob's ``-o ConnectionAttempts=10``, a port): the check passes them on too."""
-    return shlex.split(_mca(global_args, "plm_rsh_args", environ.get("OMPI_MCA_plm_rsh_args", "")))
+    return shlex.split(
+        mca_value(global_args, "plm_rsh_args", environ.get("OMPI_MCA_plm_rsh_args", ""))
+    )
 
 
 def launched_by_scheduler(
@@ -106,7 +100,7 @@ def launched_by_scheduler(
     """Whether Open MPI will start its daemons some other way than ssh: the user's ``plm``
     says so, or else the engine's job does (``engine_ssh`` False: srun, ``qrsh -inherit``,
     ``blaunch``)."""
-    plm = _mca(global_args, "plm", environ.get("OMPI_MCA_plm", ""))
+    plm = mca_value(global_args, "plm", environ.get("OMPI_MCA_plm", ""))
     if plm:
         return plm not in ("rsh", "ssh")
     return not engine_ssh
@@ -287,8 +281,7 @@ def _finish(proc: subprocess.Popen[bytes], limit: float) -> str:
     try:
         _, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # its own group: ours alone
+        _kill_group(proc)  # its own group: ours alone
         proc.communicate()
         return f"no answer within {limit:g} s"
     if proc.returncode == 0:
@@ -358,7 +351,7 @@ def check(
     shown = " ".join(shlex.quote(a) for a in [*command, "-o", "BatchMode=yes"])
     shared = None
     # An agent given by --mca in the mpirun args outranks the environment mpirun gets.
-    by_mca = _mca(global_args, "plm_rsh_agent", "")
+    by_mca = mca_value(global_args, "plm_rsh_agent", "")
     if not by_mca and not any("ControlPath" in word for word in command):
         words = agent(global_args, environ) or []
         shared = SharedConnections(

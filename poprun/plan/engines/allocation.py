@@ -173,7 +173,7 @@ def place(
     be): then each further round fills the nodes by their slots again.
     """
     total, word = allocation.total_tasks, allocation.slot_word
-    if num_instances > total and not (host_file and oversubscribe and total > 0):
+    if num_instances > total and not (oversubscribe and total > 0):
         raise PoprunError(
             "--num-instances",
             num_instances,
@@ -254,9 +254,9 @@ def check_hosts(
             )
 
 
-def mca_value(args: Sequence[str], name: str) -> str:
-    """The last ``--mca NAME VALUE`` in ``args`` ("" when none)."""
-    value = ""
+def mca_value(args: Sequence[str], name: str, default: str = "") -> str:
+    """The last ``--mca NAME VALUE`` in ``args``, else ``default``."""
+    value = default
     for i, arg in enumerate(args[:-2]):
         if arg in ("--mca", "-mca", "--gmca", "-gmca") and args[i + 1] == name:
             value = args[i + 2]

@@ -49,7 +49,7 @@ def _set(environ: Mapping[str, str], name: str) -> str:
 
 
 def _default_hostfile_given(environ: Mapping[str, str], args: Sequence[str]) -> bool:
-    path = environ.get(DEFAULT_HOSTFILE, "").strip()
+    path = _set(environ, DEFAULT_HOSTFILE)
     return bool(path and path != OPEN_MPI_DEFAULT) or "orte_default_hostfile" in args
 
 
